@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.shown import short_of
 from core.types import OpKind, Resource, Tensor, Tier
 
 if TYPE_CHECKING:
     import pandas as pd
-else:
-    pd = lazy_module("pandas")
+
+    from core.trace_table import TraceTable
 
 _EPS = 1e-12
 
@@ -42,7 +41,7 @@ def _gpu_of(schedule: Schedule) -> dict[str, int]:
     }
 
 
-def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
+def idle_causes(schedule: Schedule, trace: pd.DataFrame | TraceTable) -> dict[str, float]:
     """Seconds each cause kept the GPUs idle, the mean over the GPUs (largest first); they add up
     to the time no kernel ran, the run's `gpu_bubble_s`.
 
@@ -103,15 +102,15 @@ def _label_of(kind: OpKind, tensor: Tensor, resource: str) -> str:
 class _Chain:
     """A run's ops as arrays, and the seconds laid on each cause so far."""
 
-    def __init__(self, schedule: Schedule, trace: pd.DataFrame) -> None:
+    def __init__(self, schedule: Schedule, trace: pd.DataFrame | TraceTable) -> None:
         n = len(schedule.ops)
-        ids = trace["op_id"].to_numpy()
+        ids = np.asarray(trace["op_id"])
         self.start, self.end, launch, self.alloc = (np.full(n, np.nan) for _ in range(4))
-        self.start[ids], self.end[ids] = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+        self.start[ids], self.end[ids] = np.asarray(trace["start_s"]), np.asarray(trace["end_s"])
         if "launch_s" in trace:
-            launch[ids] = trace["launch_s"].to_numpy()
+            launch[ids] = np.asarray(trace["launch_s"])
         if "alloc_s" in trace:
-            self.alloc[ids] = trace["alloc_s"].to_numpy()
+            self.alloc[ids] = np.asarray(trace["alloc_s"])
         # a GPU kernel's launch (a pool op's); a pooled transfer's latency is the transfer's
         on_gpu = np.array([s.resource == Resource.GPU for s in schedule.streams.values()])
         self.launch = np.where(on_gpu[schedule.columns()["stream"]], np.nan_to_num(launch), 0.0)

@@ -21,6 +21,7 @@ from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.spec import Workload
 from core.trace_check import TRACE_COLUMNS, check_trace
+from core.trace_table import TraceTable, group_sums, int_group_sums, table_of, text_codes
 from core.types import OpKind, Tensor, Tier
 
 if TYPE_CHECKING:
@@ -39,6 +40,19 @@ def make_trace(
     alloc_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """One row per op, in op order; sm_s, launch_s, alloc_s: see TRACE_COLUMNS (None: NaN)."""
+    return trace_table(schedule, start_s, end_s, source, sm_s, launch_s, alloc_s).frame()
+
+
+def trace_table(
+    schedule: Schedule,
+    start_s: np.ndarray,
+    end_s: np.ndarray,
+    source: str,
+    sm_s: np.ndarray | None = None,
+    launch_s: np.ndarray | None = None,
+    alloc_s: np.ndarray | None = None,
+) -> TraceTable:
+    """`make_trace`'s rows as columns, without pandas."""
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
     assert all(a is None or len(a) == len(ops) for a in (sm_s, launch_s, alloc_s))
@@ -46,19 +60,21 @@ def make_trace(
     nan = np.full(n, np.nan)
     sc = schedule.columns()
     streams = list(schedule.streams)
-    cols: dict[str, Any] = {
-        "source": _categorical(np.zeros(n, np.int64), [source]),
+    text = {
+        "source": text_codes(np.zeros(n, np.int64), [source]),
+        "kind": text_codes(sc["kind"], [str(k) for k in OpKind]),
+        "stream": text_codes(sc["stream"], streams),
+        "resource": text_codes(sc["stream"], [schedule.streams[s].resource_id for s in streams]),
+        "tensor": text_codes(sc["tensor"], [str(t) for t in Tensor]),
+    }
+    cols: dict[str, np.ndarray] = {
         "op_id": np.arange(n, dtype=np.int64),
-        "kind": _categorical(sc["kind"], [str(k) for k in OpKind]),
-        "stream": _categorical(sc["stream"], streams),
-        "resource": _categorical(sc["stream"], [schedule.streams[s].resource_id for s in streams]),
         "step": sc["step"].astype(np.int32),
         "layer": sc["layer"].astype(np.int32),
         "batch": sc["batch"].astype(np.int32),
         "micro": sc["micro"].astype(np.int32),
         "batches": sc["batches"].astype(np.int32),
         "expert": sc["expert"].astype(np.int32),
-        "tensor": _categorical(sc["tensor"], [str(t) for t in Tensor]),
         "bytes": sc["nbytes"].astype(np.int64),
         "tokens": sc["tokens"].astype(np.int64),
         "start_s": np.asarray(start_s, dtype=np.float64),
@@ -67,17 +83,10 @@ def make_trace(
         "launch_s": nan.copy() if launch_s is None else np.asarray(launch_s, np.float64),
         "alloc_s": nan.copy() if alloc_s is None else np.asarray(alloc_s, np.float64),
     }
-    return pd.DataFrame(cols, columns=TRACE_COLUMNS)
-
-
-def _categorical(codes: np.ndarray, names: list[str]) -> pd.Categorical:
-    """`pd.Categorical([names[c] for c in codes])` from the codes: categories are the names that
-    occur, sorted (several codes may share a name: streams of one resource)."""
-    present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
-    cats = sorted({names[i] for i in present.tolist()})
-    at = {name: i for i, name in enumerate(cats)}
-    remap = np.array([at.get(name, -1) for name in names], dtype=np.int64)
-    return pd.Categorical.from_codes(remap[codes], categories=pd.Index(cats))
+    cols.update((c, codes) for c, (codes, _) in text.items())
+    return TraceTable(
+        {c: cols[c] for c in TRACE_COLUMNS}, {c: names for c, (_, names) in text.items()}
+    )
 
 
 def factorize(col: pd.Series) -> tuple[np.ndarray, list[str]]:
@@ -134,34 +143,50 @@ def work_s(trace: pd.DataFrame, schedule: Schedule | None = None) -> pd.Series:
     none). A real trace cannot see that work: given the `schedule`, a pool op without `sm_s`
     takes its even share of the time it overlapped the pool's other such ops (`shares_s`), so
     the pool's ops add up to the time some of them ran, not to their summed durations."""
+    return pd.Series(_work(table_of(trace), schedule), index=trace.index)
+
+
+def _work(trace: TraceTable, schedule: Schedule | None = None) -> np.ndarray:
+    """`work_s` as an array."""
     dur = trace["end_s"] - trace["start_s"]
-    out = dur if "sm_s" not in trace else trace["sm_s"].where(trace["sm_s"].notna(), dur)
+    sm = trace.cols.get("sm_s")
+    out = dur if sm is None else np.where(np.isnan(sm), dur, sm)
     if schedule is None or not any(s.pool for s in schedule.streams.values()):
         return out
     pooled = {name for name, s in schedule.streams.items() if s.pool}
-    blind = trace["stream"].astype(str).isin(pooled).to_numpy()
-    if "sm_s" in trace:
-        blind = blind & trace["sm_s"].isna().to_numpy()
+    names = trace.names["stream"]
+    codes = trace["stream"].astype(np.int64)
+    blind = np.array([n in pooled for n in names] + [False])[codes]  # code -1: the last
+    if sm is not None:
+        blind &= np.isnan(sm)
     if not blind.any():
         return out
-    out = out.astype(np.float64).copy()
-    key = pd.Series(bound_resource(schedule, trace)[blind])
-    start, end = trace["start_s"].to_numpy()[blind], trace["end_s"].to_numpy()[blind]
-    share = np.zeros(len(key))
-    for _, idx in key.groupby(key, sort=False).indices.items():
+    out = out.astype(np.float64)  # a copy
+    key = _bound_keys(schedule)
+    keys = sorted({key[n] for n in names if n in pooled})
+    of_stream = np.array([keys.index(key[n]) if n in pooled else -1 for n in names] + [-1])
+    group = of_stream[codes[blind]]
+    start, end = trace["start_s"][blind], trace["end_s"][blind]
+    share = np.zeros(len(group))
+    for g in range(len(keys)):
+        idx = np.flatnonzero(group == g)
         share[idx] = shares_s(start[idx], end[idx])
-    out.iloc[np.flatnonzero(blind)] = share
+    out[np.flatnonzero(blind)] = share
     return out
 
 
 def busy_s(
-    trace: pd.DataFrame, schedule: Schedule | None = None, work: pd.Series | None = None
+    trace: pd.DataFrame | TraceTable,
+    schedule: Schedule | None = None,
+    work: pd.Series | np.ndarray | None = None,
 ) -> dict[str, float]:
     """Seconds each resource spends running ops (one op at a time, or a pool's work: `work_s`,
-    or `work` where the caller has it)."""
-    work = work_s(trace, schedule) if work is None else work
-    out = sum_by_name(work, trace["resource"])
-    return {str(k): float(v) for k, v in out.items() if k != "none"}
+    or `work` where the caller has it), in pandas' compensated sums (`group_sums`)."""
+    table = table_of(trace)
+    work = _work(table, schedule) if work is None else np.asarray(work, np.float64)
+    names = table.names["resource"]
+    sums = group_sums(work, table["resource"], len(names))
+    return {k: v for k, v in zip(names, sums, strict=True) if k != "none"}
 
 
 def sum_by_name(values: pd.Series, names: pd.Series) -> pd.Series:
@@ -193,17 +218,20 @@ def _bound_keys(schedule: Schedule) -> dict[str, str]:
     }
 
 
-def bound_codes(schedule: Schedule, trace: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+def bound_codes(
+    schedule: Schedule, trace: pd.DataFrame | TraceTable
+) -> tuple[np.ndarray, list[str]]:
     """`bound_resource` as codes into its names, sorted; -1 where it is `none` or a stream the
     schedule lacks (no bound counts those). Grouping by the codes takes the same rows in the
     same order as by the names, without pandas' inference of a string column (0.03 s of a
     177,874-op run's summary)."""
-    codes, names = factorize(trace["stream"])
+    table = table_of(trace)
+    codes, names = table["stream"].astype(np.int64), table.names["stream"]
     key = _bound_keys(schedule)
     per = [key.get(s, "none") for s in names]
     out = sorted(set(per) - {"none"})
     at = {r: i for i, r in enumerate(out)}
-    return np.array([at.get(r, -1) for r in per], dtype=np.int64)[codes], out
+    return np.array([at.get(r, -1) for r in per] + [-1], dtype=np.int64)[codes], out
 
 
 def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: float) -> float | None:
@@ -221,7 +249,9 @@ def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: flo
 
 
 def dag_bound(
-    schedule: Schedule, trace: pd.DataFrame, work: pd.Series | None = None
+    schedule: Schedule,
+    trace: pd.DataFrame | TraceTable,
+    work: pd.Series | np.ndarray | None = None,
 ) -> tuple[float, str]:
     """A lower bound on the makespan of this schedule (its ops, deps and stream order) with the
     trace's op durations: no executor can run it faster, whatever it does with the resources.
@@ -238,39 +268,28 @@ def dag_bound(
     where the resource bound takes only the larger. Also >= the critical path (S = one op).
     `work`: `work_s(trace, schedule)`, where the caller has it. Returns (seconds, what binds).
     """
-    ops = schedule.ops
-    n = len(ops)
+    n = len(schedule.ops)
     if not n:
         return 0.0, ""
-    ids = trace["op_id"].to_numpy()
+    table = table_of(trace)
+    ids = table["op_id"]
     dur = np.zeros(n)
     # the least time each op could take: its duration, or for a pool op (slowed by the others)
     # its launch and its work at the whole GPU or link, which alone it could have had
-    work = work_s(trace, schedule) if work is None else work
-    dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
+    work = _work(table, schedule) if work is None else np.asarray(work, np.float64)
+    launch = table["launch_s"] if "launch_s" in table else np.zeros(len(ids))
+    dur[ids] = work + np.where(np.isnan(launch), 0.0, launch)
     h_arr, t_arr = _heads_tails(schedule, dur)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
-    res, res_names = bound_codes(schedule, trace)
-    keep = res >= 0
-    frame = pd.DataFrame(
-        {
-            "resource": res[keep],
-            "step": trace["step"].to_numpy()[keep],
-            "head": h_arr[ids[keep]],
-            "dur": work.to_numpy()[keep],
-            "tail": t_arr[ids[keep]],
-        }
-    )
+    res, res_names = bound_codes(schedule, table)
+    keep = np.flatnonzero(res >= 0)
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
-    # per (resource, step): the same groups, rows and (compensated) sums as per step of each
-    # resource's rows, in the names' sorted order
-    per = frame.groupby(["resource", "step"], sort=True).agg(
-        head=("head", "min"), dur=("dur", "sum"), tail=("tail", "min")
+    # per (resource, step), in that order: the least head and tail, the (compensated) sum of
+    # the work, as pandas' groupby gave them
+    rcodes, steps_all, cols = _per_step(
+        res[keep], table["step"][keep], h_arr[ids[keep]], work[keep], t_arr[ids[keep]]
     )
-    rcodes = per.index.get_level_values(0).to_numpy()
-    steps_all = per.index.get_level_values(1).to_numpy()
-    cols = [per[c].to_numpy() for c in ("head", "dur", "tail")]
     cuts = [0, *(np.flatnonzero(rcodes[1:] != rcodes[:-1]) + 1).tolist(), len(rcodes)]
     for a, z in zip(cuts[:-1], cuts[1:], strict=True) if len(rcodes) else ():
         name, steps = res_names[int(rcodes[a])], steps_all[a:z]
@@ -284,6 +303,25 @@ def dag_bound(
             if vals[i] > best:
                 best, where = float(vals[i]), f"{name}, steps {rel} {int(steps[i])}"
     return best, where
+
+
+def _per_step(
+    res: np.ndarray, step: np.ndarray, head: np.ndarray, work: np.ndarray, tail: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Per (resource, step) of the rows, sorted: the resource, the step and [the least head,
+    the summed work, the least tail], as pandas' `groupby([resource, step]).agg` gives them:
+    the sums compensated in row order (`group_sums`), a NaN left out of a least unless all are."""
+    order = np.lexsort((step, res))  # stable: each group's rows in row order
+    r, st = res[order], step[order]
+    new = np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])] if len(r) else np.zeros(0, bool)
+    starts = np.flatnonzero(new)
+    group = np.empty(len(order), np.int64)
+    group[order] = np.cumsum(new) - 1
+    sums = np.array(group_sums(work, group, len(starts)), np.float64)
+    if not len(starts):
+        return r, st, [np.zeros(0), sums, np.zeros(0)]
+    least = [np.fmin.reduceat(head[order], starts), sums, np.fmin.reduceat(tail[order], starts)]
+    return r[starts], st[starts], least
 
 
 def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -425,7 +463,7 @@ def _csr(row: np.ndarray, col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
     return np.r_[0, np.cumsum(np.bincount(row, minlength=n))], col[order]
 
 
-def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
+def peak_bytes(schedule: Schedule, trace: pd.DataFrame | TraceTable) -> dict[str, int]:
     """Peak memory per tier: resident + the allocations live at any instant, each from when it
     was granted (`alloc_s`, else the op's start) to its free's end.
 
@@ -433,9 +471,11 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     cols = schedule.columns()
-    granted = trace["alloc_s"] if "alloc_s" in trace else trace["start_s"]
-    start = granted.fillna(trace["start_s"]).to_numpy()
-    end = trace["end_s"].to_numpy()
+    start = np.asarray(trace["start_s"], np.float64)
+    if "alloc_s" in trace:
+        granted = np.asarray(trace["alloc_s"], np.float64)
+        start = np.where(np.isnan(granted), start, granted)
+    end = np.asarray(trace["end_s"])
     for ti, tier in enumerate(Tier):
         alloc = np.where(cols["alloc_tier"] == ti, cols["alloc_bytes"], 0)
         free = np.where(cols["free_tier"] == ti, cols["free_bytes"], 0)
@@ -450,14 +490,14 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def prefill_s(trace: pd.DataFrame) -> float:
+def prefill_s(trace: pd.DataFrame | TraceTable) -> float:
     """Seconds during which some prefill (step-0) op runs: the union of their intervals. A
     schedule that runs every batch's prefill first ends its prefill there; one that runs batch
     by batch (prefill, decode, next batch) has one prefill span per batch, and the decode
     steps between them are not prefill. Time no op runs (a real run's start, idle gaps) counts
     as decode, and where one batch's prefill overlaps another's decode, as prefill."""
-    start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
-    ran = (trace["step"].to_numpy() == 0) & (end > start)
+    start, end = np.asarray(trace["start_s"]), np.asarray(trace["end_s"])
+    ran = (np.asarray(trace["step"]) == 0) & (end > start)
     start, end = start[ran], end[ran]
     order = np.argsort(start, kind="quicksort")  # the spans in sort_values' order, ties too
     start, end = start[order], end[order]
@@ -479,30 +519,35 @@ def within(bound_s: float, makespan_s: float) -> float:
 
 def summarize(
     schedule: Schedule,
-    trace: pd.DataFrame,
+    trace: pd.DataFrame | TraceTable,
     workload: Workload,
     **labels: Any,
 ) -> dict[str, Any]:
-    """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first."""
-    makespan = float(trace["end_s"].max()) if len(trace) else 0.0
-    prefill = prefill_s(trace)
-    work = work_s(trace, schedule)  # a real trace's pool shares: computed once
-    busy = busy_s(trace, work=work)
+    """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first.
+    A frame or its columns give the same, to the bit: pandas' group sums (`group_sums`)."""
+    table = table_of(trace)
+    makespan = float(np.fmax.reduce(table["end_s"])) if len(table) else 0.0
+    prefill = prefill_s(table)
+    work = _work(table, schedule)  # a real trace's pool shares: computed once
+    busy = busy_s(table, work=work)
     gpu_busy = busy.get("gpu", 0.0)
     # the busiest resource, a pool's lanes counted as the one GPU they share
-    res, _ = bound_codes(schedule, trace)
+    res, res_names = bound_codes(schedule, table)
     counted = res >= 0
-    by = work[counted].groupby(res[counted]).sum()
-    lower = within(float(by.max()) if len(by) else 0.0, makespan)
-    dag, dag_binds = dag_bound(schedule, trace, work)
+    by = group_sums(work[counted], res[counted], len(res_names))
+    lower = within(float(np.fmax.reduce(by)) if by else 0.0, makespan)
+    dag, dag_binds = dag_bound(schedule, table, work)
     dag = within(max(dag, lower), makespan)
-    sent = trace["bytes"] > 0
-    moved = sum_by_name(trace["bytes"][sent], trace["resource"][sent])
+    sent = np.flatnonzero(table["bytes"] > 0)
+    codes, names = table["resource"][sent], table.names["resource"]
+    moved = int_group_sums(table["bytes"][sent], codes, len(names))
+    has = np.bincount(codes[codes >= 0], minlength=len(names)) > 0
     tokens = workload.tokens_generated
     ep = schedule.ep  # expert-parallel runs: balance and utilisation (core/balance.py)
-    balance = balance_metrics(trace, ep.n_devices, ep.lanes, ep.copy_kernels) if ep else {}
+    frame = table.frame() if ep and isinstance(trace, TraceTable) else trace
+    balance = balance_metrics(frame, ep.n_devices, ep.lanes, ep.copy_kernels) if ep else {}
     if ep and balance and "op_id" in trace:  # were the replica copies prefetched in time?
-        balance.update(copy_waits(schedule, trace, ep.n_devices))
+        balance.update(copy_waits(schedule, frame, ep.n_devices))
     # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel
     if ep and balance:
         gpu_busy = makespan * balance["gpu_load" if ep.lanes else "utilisation"]
@@ -524,14 +569,14 @@ def summarize(
         "gpu_bubble_s": bubble,
         "gpu_bubble_frac": bubble / makespan if makespan > 0 else 0.0,
         # what the GPUs' idle time waited for (core/bubbles.py); adds up to gpu_bubble_s
-        "gpu_idle_causes_s": idle_causes(schedule, trace),
+        "gpu_idle_causes_s": idle_causes(schedule, table),
         "lower_bound_s": lower,
         "efficiency": lower / makespan if makespan > 0 else 0.0,
         "dag_lower_bound_s": dag,
         "dag_bound_binds": dag_binds if dag > lower else "busiest resource",
         "dag_efficiency": dag / makespan if makespan > 0 else 0.0,
-        "bytes_moved": {str(k): int(v) for k, v in moved.items()},
-        "peak_bytes": peak_bytes(schedule, trace),
-        "ops": len(trace),
+        "bytes_moved": {k: int(v) for k, v, h in zip(names, moved, has, strict=True) if h},
+        "peak_bytes": peak_bytes(schedule, table),
+        "ops": len(table),
         **balance,
     }

@@ -184,7 +184,7 @@ def _run_phases(spec: Any, planner: Any, out: Path | None, times: dict[str, floa
     from experiments.common.pipeline import (
         RunResult,
         plan_schedule,
-        simulate_trace,
+        simulate_table,
         summary_of,
         write_run,
     )
@@ -192,7 +192,7 @@ def _run_phases(spec: Any, planner: Any, out: Path | None, times: dict[str, floa
     routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
     schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing, planner))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
-    trace = _timed(times, "simulate", lambda: simulate_trace(schedule, spec.hardware))
+    trace = _timed(times, "simulate", lambda: simulate_table(schedule, spec.hardware))
     summary = _timed(times, "summarize", lambda: summary_of(spec, schedule, trace, routing))
     if out is not None:
         _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))

@@ -29,7 +29,8 @@ from core.schedule_batches import check_work
 from core.schedule_units import check_units, within_units
 from core.shown import gb
 from core.spec import ModelSpec, Workload
-from core.trace import make_trace, summarize
+from core.trace import summarize, trace_table
+from core.trace_table import TraceTable
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
 from planners.placement import KV_LOWER, KV_MORE
@@ -56,11 +57,19 @@ class RunSpec:
 @dataclass
 class RunResult:
     schedule: Schedule
-    trace: pd.DataFrame
+    # the trace as the run made it: a simulated run's columns (a frame needs pandas' import)
+    table: pd.DataFrame | TraceTable
     summary: dict[str, Any]
     # A real run's `prompts` [S, P] and generated `tokens` [S, gen_len] (int64), by sequence:
     # written to tokens.safetensors, so its outputs can be checked without the Python API
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def trace(self) -> pd.DataFrame:
+        """The trace as a frame, made from the columns when first read."""
+        if isinstance(self.table, TraceTable):
+            self.table = self.table.frame()
+        return self.table
 
 
 def build_schedule(
@@ -313,7 +322,7 @@ def simulate_run(
         schedule = build_schedule(spec, routing, planner)
         if on_planned is not None:
             on_planned()
-        trace = simulate_trace(schedule, spec.hardware)
+        trace = simulate_table(schedule, spec.hardware)
         return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing))
 
 
@@ -346,19 +355,28 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
     """The simulator's trace of a validated schedule."""
+    return simulate_table(schedule, hardware).frame()
+
+
+def simulate_table(schedule: Schedule, hardware: HardwareSpec) -> TraceTable:
+    """`simulate_trace`'s columns, without pandas."""
     from sim.executor import simulate_times
 
     cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
     with gc_paused():
         start, end, granted = simulate_times(schedule, cost, parts)
-    return make_trace(
+    return trace_table(
         schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0], alloc_s=granted
     )
 
 
 def summary_of(
-    spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing: Routing, mode: str = ""
+    spec: RunSpec,
+    schedule: Schedule,
+    trace: pd.DataFrame | TraceTable,
+    routing: Routing,
+    mode: str = "",
 ) -> dict[str, Any]:
     """summary.json's labels and metrics; its routing twice, from one object: `routing` the
     description tables print (behind a real run's `mode: `), `routing_fields` the same as
@@ -403,7 +421,7 @@ def write_run(
     check_result(result.summary)
 
     def files(tmp: Path) -> None:
-        write_trace_parquet(result.trace, tmp / "trace.parquet")
+        write_trace_parquet(result.table, tmp / "trace.parquet")
         if chrome:
             write_chrome(
                 tmp / "trace.json",
@@ -421,18 +439,22 @@ def write_run(
     replace_run(Path(out_dir), result.summary, files)
 
 
-def write_trace_parquet(trace: pd.DataFrame, path: Path) -> None:
+def write_trace_parquet(trace: pd.DataFrame | TraceTable, path: Path) -> None:
     """trace.parquet: dictionary-encoded where the frame's column is categorical (stream, kind
     ...) and plain elsewhere. pyarrow's default tries a dictionary on every column, which for
     ids and times of distinct values only costs: half the write's time, and a larger file. The
     frame read back is the same. The bytes are `trace.to_parquet(path, index=False,
     use_dictionary=cats)`'s, written by pyarrow itself: pandas' writer converts the columns on
-    a pool of threads and writes through a Python file object, a fifth more CPU for this."""
+    a pool of threads and writes through a Python file object, a fifth more CPU for this. A
+    simulated run's columns (`TraceTable.arrow`) make the same table without pandas."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cats = [c for c in trace.columns if isinstance(trace[c].dtype, pd.CategoricalDtype)]
-    table = pa.Table.from_pandas(trace, preserve_index=False, nthreads=1)
+    if isinstance(trace, TraceTable):
+        cats, table = list(trace.names), trace.arrow()
+    else:
+        cats = [c for c in trace.columns if isinstance(trace[c].dtype, pd.CategoricalDtype)]
+        table = pa.Table.from_pandas(trace, preserve_index=False, nthreads=1)
     pq.write_table(table, str(path), compression="snappy", use_dictionary=cats)
 
 

@@ -14,10 +14,10 @@ def test_a_command_imports_no_pandas_until_it_reads_a_frame() -> None:
     """`experiments.run`'s imports took pandas (a quarter of a second) for every command, one
     that stops at a bad value too; a frame's first use still imports it."""
     code = (
-        "import sys, experiments.run, core.trace, core.bubbles\n"
+        "import sys, experiments.run, core.trace, core.balance\n"
         "print('pandas' in sys.modules)\n"
         "frame = core.trace.pd.DataFrame({'a': [1]})\n"
-        "print('pandas' in sys.modules, type(frame).__name__, core.bubbles.pd.DataFrame is "
+        "print('pandas' in sys.modules, type(frame).__name__, core.balance.pd.DataFrame is "
         "type(frame))\n"
     )
     r = subprocess.run(

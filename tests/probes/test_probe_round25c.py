@@ -106,7 +106,7 @@ def test_a_copy_read_after_its_release_is_named(runs: Any) -> None:
     )
     trace = result.trace.copy()
     trace.loc[span.freed_by, ["start_s", "end_s"]] = span.granted
-    early = replace(result, trace=trace)
+    early = replace(result, table=trace)
     assert any("with no GPU copy reserved" in p for p in gpu_problems(spec, early))
 
 
