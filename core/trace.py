@@ -21,7 +21,15 @@ from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.spec import Workload
 from core.trace_check import TRACE_COLUMNS, check_trace
-from core.trace_table import TraceTable, group_sums, int_group_sums, table_of, text_codes
+from core.trace_table import (
+    TraceTable,
+    group_sums,
+    in_row_order,
+    int_group_sums,
+    per_step,
+    table_of,
+    text_codes,
+)
 from core.types import OpKind, Tensor, Tier
 
 if TYPE_CHECKING:
@@ -287,7 +295,7 @@ def dag_bound(
     where = "critical path"
     # per (resource, step), in that order: the least head and tail, the (compensated) sum of
     # the work, as pandas' groupby gave them
-    rcodes, steps_all, cols = _per_step(
+    rcodes, steps_all, cols = per_step(
         res[keep], table["step"][keep], h_arr[ids[keep]], work[keep], t_arr[ids[keep]]
     )
     cuts = [0, *(np.flatnonzero(rcodes[1:] != rcodes[:-1]) + 1).tolist(), len(rcodes)]
@@ -303,25 +311,6 @@ def dag_bound(
             if vals[i] > best:
                 best, where = float(vals[i]), f"{name}, steps {rel} {int(steps[i])}"
     return best, where
-
-
-def _per_step(
-    res: np.ndarray, step: np.ndarray, head: np.ndarray, work: np.ndarray, tail: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Per (resource, step) of the rows, sorted: the resource, the step and [the least head,
-    the summed work, the least tail], as pandas' `groupby([resource, step]).agg` gives them:
-    the sums compensated in row order (`group_sums`), a NaN left out of a least unless all are."""
-    order = np.lexsort((step, res))  # stable: each group's rows in row order
-    r, st = res[order], step[order]
-    new = np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])] if len(r) else np.zeros(0, bool)
-    starts = np.flatnonzero(new)
-    group = np.empty(len(order), np.int64)
-    group[order] = np.cumsum(new) - 1
-    sums = np.array(group_sums(work, group, len(starts)), np.float64)
-    if not len(starts):
-        return r, st, [np.zeros(0), sums, np.zeros(0)]
-    least = [np.fmin.reduceat(head[order], starts), sums, np.fmin.reduceat(tail[order], starts)]
-    return r[starts], st[starts], least
 
 
 def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -517,6 +506,31 @@ def within(bound_s: float, makespan_s: float) -> float:
     return bound_s
 
 
+def _bound_sums(
+    schedule: Schedule,
+    table: TraceTable,
+    work: np.ndarray,
+    busy: dict[str, float],
+    res: np.ndarray,
+    res_names: list[str],
+) -> list[float]:
+    """Per resource of the bounds (`bound_codes`: `res`, `res_names`), its rows' work summed
+    as pandas sums it: `busy`'s sums where they are of the same rows, added the same way (no
+    pool: each row's bound resource its resource, but `none`; `in_row_order` both)."""
+    counted = res >= 0
+    codes, names = table["resource"], table.names["resource"]
+    at = [res_names.index(n) if n in res_names else -1 for n in names]
+    same = (
+        not any(s.pool for s in schedule.streams.values())
+        and in_row_order(work, codes)
+        and in_row_order(work[counted], res[counted])
+        and np.array_equal(np.array([*at, -1])[codes], res)
+    )
+    if same:
+        return [busy[n] for n in res_names]
+    return group_sums(work[counted], res[counted], len(res_names))
+
+
 def summarize(
     schedule: Schedule,
     trace: pd.DataFrame | TraceTable,
@@ -533,8 +547,7 @@ def summarize(
     gpu_busy = busy.get("gpu", 0.0)
     # the busiest resource, a pool's lanes counted as the one GPU they share
     res, res_names = bound_codes(schedule, table)
-    counted = res >= 0
-    by = group_sums(work[counted], res[counted], len(res_names))
+    by = _bound_sums(schedule, table, work, busy, res, res_names)
     lower = within(float(np.fmax.reduce(by)) if by else 0.0, makespan)
     dag, dag_binds = dag_bound(schedule, table, work)
     dag = within(max(dag, lower), makespan)

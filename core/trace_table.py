@@ -166,7 +166,7 @@ def group_sums(values: np.ndarray, codes: np.ndarray, n_groups: int) -> list[flo
     -1s first) and none is NaN, it takes numpy's `add.reduceat` (pairwise: other last bits)."""
     values = np.asarray(values, np.float64)
     codes = np.asarray(codes, np.int64)
-    if len(codes) and (codes[1:] >= codes[:-1]).all() and not np.isnan(values).any():
+    if not in_row_order(values, codes):
         lead = int(np.searchsorted(codes, 0))  # the rows of no group, first
         if lead < len(codes):
             rest = codes[lead:]
@@ -177,8 +177,17 @@ def group_sums(values: np.ndarray, codes: np.ndarray, n_groups: int) -> list[flo
             return out.tolist()
     order = np.argsort(codes, kind="stable")
     cuts = np.searchsorted(codes[order], np.arange(n_groups + 1), "left").tolist()
-    ordered = values[order].tolist()
-    return [_kahan(ordered[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    ordered = values[order]
+    add = _kahan_finite if np.isfinite(ordered).all() else _kahan  # its checks: a third more
+    listed = ordered.tolist()
+    return [add(listed[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def in_row_order(values: np.ndarray, codes: np.ndarray) -> bool:
+    """Whether `group_sums` adds each group's values one by one in row order (Kahan): unless
+    the rows come in group order and none is NaN."""
+    in_order = len(codes) and (codes[1:] >= codes[:-1]).all()
+    return not in_order or bool(np.isnan(values).any())
 
 
 def _kahan(values: list[float]) -> float:
@@ -194,6 +203,36 @@ def _kahan(values: list[float]) -> float:
             comp = 0.0
         total = t
     return total
+
+
+def _kahan_finite(values: list[float]) -> float:
+    """`_kahan` of finite values (neither check can hold)."""
+    total = comp = 0.0
+    for v in values:
+        y = v - comp
+        t = total + y
+        comp = t - total - y
+        total = t
+    return total
+
+
+def per_step(
+    res: np.ndarray, step: np.ndarray, head: np.ndarray, work: np.ndarray, tail: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Per (resource, step) of the rows, sorted: the resource, the step and [the least head,
+    the summed work, the least tail], as pandas' `groupby([resource, step]).agg` gives them:
+    the sums compensated in row order (`group_sums`), a NaN left out of a least unless all are."""
+    order = np.lexsort((step, res))  # stable: each group's rows in row order
+    r, st = res[order], step[order]
+    new = np.r_[True, (r[1:] != r[:-1]) | (st[1:] != st[:-1])] if len(r) else np.zeros(0, bool)
+    starts = np.flatnonzero(new)
+    group = np.empty(len(order), np.int64)
+    group[order] = np.cumsum(new) - 1
+    sums = np.array(group_sums(work, group, len(starts)), np.float64)
+    if not len(starts):
+        return r, st, [np.zeros(0), sums, np.zeros(0)]
+    least = [np.fmin.reduceat(head[order], starts), sums, np.fmin.reduceat(tail[order], starts)]
+    return r[starts], st[starts], least
 
 
 def int_group_sums(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
