@@ -177,7 +177,7 @@ class _Chain:
         ids_of = [s.resource_id for s in schedule.streams.values()]
         rid = np.array([ids_of.index(r) for r in ids_of], dtype=np.int64)[sid]
         ok = one_at_a_time[sid] & ~np.isnan(self.start)
-        for r in np.unique(rid[ok]).tolist():
+        for r in np.flatnonzero(np.bincount(rid[ok])).tolist():  # np.unique imports numpy.ma
             ids = np.flatnonzero(ok & (rid == r))
             ids = ids[np.lexsort((self.end[ids], self.start[ids]))]  # zero-length ops first
             held[ids[1:]] = ids[:-1]

@@ -170,12 +170,13 @@ class CostModel:
         share = stream_share[cols["stream"]] if len(stream_share) else np.ones(0)
         out = np.zeros(len(schedule.ops))
         procs = as_processes(schedule)
-        for ki in np.unique(cols["kind"]):
+        # the codes present, sorted (np.unique's hash path imports numpy.ma, 0.012 s)
+        for ki in np.flatnonzero(np.bincount(cols["kind"])):
             kind = kinds[ki]
             if kind == OpKind.FREE:
                 continue
             of_kind = cols["kind"] == ki
-            for ri in np.unique(res[of_kind]).tolist():
+            for ri in np.flatnonzero(np.bincount(res[of_kind])).tolist():
                 sel = of_kind & (res == ri)
                 r = names[ri]
                 if kind in COMPUTE_KINDS:

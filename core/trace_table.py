@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +53,8 @@ class TraceTable:
     def arrow(self) -> pa.Table:
         """`pa.Table.from_pandas(self.frame(), preserve_index=False)`, without pandas: the same
         columns, types and pandas metadata (read back, the same frame)."""
+        from importlib.metadata import version
+
         import pyarrow as pa
 
         arrays, columns = [], []
@@ -83,7 +84,7 @@ class TraceTable:
             "columns": columns,
             "attributes": {},
             "creator": {"library": "pyarrow", "version": pa.__version__},
-            "pandas_version": version("pandas"),
+            "pandas_version": version("pandas"),  # pandas.__version__, without pandas
         }
         return pa.Table.from_arrays(
             arrays, names=list(self.cols), metadata={b"pandas": json.dumps(pandas_meta).encode()}
