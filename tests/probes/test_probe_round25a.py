@@ -191,14 +191,14 @@ def test_a_long_simulations_warning_comes_before_it_simulates(
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     monkeypatch.setattr(logging.getLogger(pipeline.__name__), "handlers", [handler])
-    simulate = pipeline.simulate_trace
+    simulate = pipeline.simulate_table
     by_then: list[str] = []
 
     def simulated(*args: Any) -> Any:
         by_then.extend(said)
         return simulate(*args)
 
-    monkeypatch.setattr(pipeline, "simulate_trace", simulated)
+    monkeypatch.setattr(pipeline, "simulate_table", simulated)
     r = cli_here("experiments.run", *TINY, f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert len(by_then) == 1 and "Ctrl-C stops it" in by_then[0], (by_then, said)
