@@ -61,6 +61,7 @@ from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.held_warnings import drop_held, plan_accepted, settle
 from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.launch_line import check_split_over_ranks
+from experiments.common.path_values import shell_arg
 from experiments.common.pipeline import (
     RunSpec,
     check_kv_fits,
@@ -477,13 +478,14 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
         run_dir = given["hydra.run.dir"]
         return (
             f"hydra.run.dir={quoted(run_dir)}: a single run's folder, which a sweep (-m) does not "
-            f"use; pass hydra.sweep.dir={as_typed_path(run_dir)}"
+            f"use; pass {shell_arg(f'hydra.sweep.dir={as_typed_path(run_dir)}')}"
         )
     if not sweep and "hydra.sweep.dir" in given and "hydra.run.dir" not in given:
         sweep_dir = given["hydra.sweep.dir"]
         return (
             f"hydra.sweep.dir={quoted(sweep_dir)}: a sweep's folder, which a single run (no -m) "
-            f"does not use; pass hydra.run.dir={as_typed_path(sweep_dir)}, or add -m"
+            f"does not use; pass {shell_arg('hydra.run.dir=' + as_typed_path(sweep_dir))}, or "
+            "add -m"
         )
     name = given.get("hydra.job.name")
     if name is not None and "$" not in name and not re.fullmatch(r"[\w.+-]+", name):

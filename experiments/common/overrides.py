@@ -20,7 +20,7 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
-from experiments.common.path_values import comma_in_path, quoted_path
+from experiments.common.path_values import comma_in_path, quoted_path, shell_arg
 from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
@@ -316,7 +316,7 @@ def _parsed(override: str) -> Any:
         if not value.isascii() and "'" not in value and '"' not in value:
             raise MoepipeError(
                 f"{override}: a value of characters beyond ASCII must be quoted: "
-                f"{key}={_ascii_quoted(value)}"
+                f"{shell_arg(f'{key}={_ascii_quoted(value)}')}"
             ) from None
         call = re.fullmatch(r"\s*(\w+)\s*\(.*\)\s*", value, re.DOTALL)
         if call and call.group(1) in _SWEEP_FUNCTIONS:  # a keyword argument: hydra's own line
@@ -332,7 +332,7 @@ def _parsed(override: str) -> Any:
             fix = f"[{quoted}]" if listed else quoted
             raise MoepipeError(
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
-                f"{key}={fix}"  # as every other fix reads: hydra's quotes, not the shell's
+                f"{shell_arg(f'{key}={fix}')}"  # hydra's quotes, in the shell's
             ) from None
         quoted = _quoted(key, value)
         if quoted is not None:
@@ -374,7 +374,7 @@ def _quoted(key: str, value: str) -> str | None:
     first = value.lstrip("[").startswith("~")  # (not a folder's `a~b`, which no shell expands)
     home = " (~ is not expanded to your home folder: write the full path)" if first else ""
     shown = f"{key}={value}".replace("\n", "\\n").replace("\r", "\\r")
-    fix = fix.replace("\n", "\\n").replace("\r", "\\r")
+    fix = shell_arg(fix).replace("\n", "\\n").replace("\r", "\\r")
     return f"{shown}: a value holding {bad!r} must be quoted: {fix}{home}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
 from core.errors import MoepipeError
 
@@ -34,6 +35,20 @@ def quoted_path(key: str, value: str) -> str:
         return f'{key}="{value}"'
     escaped = value.replace("'", "\\'")
     return f"{key}='{escaped}'"
+
+
+def shell_arg(arg: str) -> str:
+    """`arg`, one command-line argument as the command must get it (hydra's quotes in it), as a
+    line's fix shows it: pasted into a shell as it stands, the shell hands the command `arg`
+    (`KEY='/x/a,b'` typed bare, the shell strips its quotes and hydra sees a sweep). Bare where
+    nothing in it is the shell's; in "..." (its `"` and `\\` escaped) where it holds none of
+    `$`, a backquote or `!`, which "..." expands; else in '...'."""
+    if shlex.quote(arg) == arg:
+        return arg
+    if not any(c in arg for c in "$`!"):
+        escaped = arg.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    return shlex.quote(arg)
 
 
 # hydra's keys of a run's and a sweep's folder: one path each, never swept (hydra sets them
@@ -64,7 +79,7 @@ def comma_in_path(key: str, value: str, *, sweeping: bool) -> MoepipeError | Non
         return None
     return MoepipeError(
         f"{key}={value}: a comma in a path must be quoted, or hydra reads it as a sweep of "
-        f"values: pass {quoted_path(key, value)}"
+        f"values: pass {shell_arg(quoted_path(key, value))}"
     )
 
 
@@ -83,7 +98,8 @@ def literal_dollar(key: str | None, msg: str) -> str:
             " (a run's or a sweep's folder cannot hold '${' as itself: hydra resolves its "
             "paths again; pass hydra.run.dir or hydra.sweep.dir a folder without it)"
         )
-    return f" (a path holding '${{' as itself writes it '\\${{', quoted: {key}='.../a\\${{x}}')"
+    fix = shell_arg(f'{key}=".../a\\${{x}}"')
+    return f" (a path holding '${{' as itself writes it '\\${{', quoted: {fix})"
 
 
 def comma_in_item(key: str, items: list[str]) -> MoepipeError | None:
@@ -97,8 +113,9 @@ def comma_in_item(key: str, items: list[str]) -> MoepipeError | None:
             joined = ",".join(items[i:j])
             if os.path.exists(joined) and not all(os.path.exists(p) for p in items[i:j]):
                 fix = [f"'{p}'" if p == joined else p for p in [*items[:i], joined, *items[j:]]]
+                arg = shell_arg(f"{key}=[{','.join(fix)}]")
                 return MoepipeError(
                     f"{key}=[{','.join(items)}]: {joined} is one path, which hydra splits at "
-                    f"its comma into items; quote it: pass {key}=[{','.join(fix)}]"
+                    f"its comma into items; quote it: pass {arg}"
                 )
     return None

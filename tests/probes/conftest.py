@@ -9,6 +9,7 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,14 @@ def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
     for name in names:
         assert name in lines[0], (name, lines[0])
     return lines[0]
+
+
+def pasted(shown: str) -> str:
+    """The one argument a shell hands a command for `shown`, a line's fix pasted into it as it
+    stands (`shlex.split` is a POSIX shell's parse): `"KEY='/x/a,b'"` is `KEY='/x/a,b'`."""
+    words = shlex.split(shown)
+    assert len(words) == 1, (shown, words)
+    return words[0]
 
 
 def raises_one_line(fn: Callable[[], Any], *names: str) -> str:

@@ -229,7 +229,7 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["-cp", "nosuchconf"], ["-cp nosuchconf: no such folder"]),
         (["--config-dir=/nonexistent"], ["--config-dir /nonexistent: no such folder"]),
         (["experiment="], ["experiment=: no name given", "fig10"]),
-        (["hardware.name=ünï"], ["must be quoted: hardware.name='ünï'"]),
+        (["hardware.name=ünï"], ["must be quoted: \"hardware.name='ünï'\""]),
         (["-m", "hydra.sweeper.params.workload.gen_len=3,4"], ["sweep on the command line"]),
         (["-m", "hydra.sweeper.params={workload.gen_len: '3,4'}"], ["sweep on the command"]),
         (

@@ -110,7 +110,7 @@ def test_a_misspelt_param_added_with_plus_gets_a_did_you_mean() -> None:
         ("experiments.trace_json", "runs=[~/a,/b]", ["runs=['~/a','/b']"]),
         ("experiments.report", "dir=x;y", ["dir='x;y'"]),
         ("experiments.run", "hydra.run.dir=a#b", ["hydra.run.dir='a#b'"]),
-        ("experiments.routing_stats", "out=a'b", ['out="a\'b"']),
+        ("experiments.routing_stats", "out=a'b", ['"out=\\"a\'b\\""']),
     ],
 )
 def test_a_value_hydra_takes_only_quoted_says_how_to_quote_it(

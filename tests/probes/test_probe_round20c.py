@@ -44,7 +44,7 @@ from experiments.common.overrides import _parsed
 from experiments.common.pipeline import expert_parallel_only
 from experiments.common.schema import RunSchema
 from planners.registry import make_params
-from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.conftest import one_line, pasted, raises_one_line
 
 # --- 1. a mapping or a list where a number belongs ---
 
@@ -218,4 +218,5 @@ def test_an_override_below_a_missing_entry_says_to_add_the_key_given(
     [("é", "'é'"), ("[law,é]", "[law,'é']"), ("[é]", "['é']"), ("a,é", "a,'é'")],
 )
 def test_an_item_beyond_ascii_is_quoted_alone(value: str, fix: str) -> None:
-    raises_one_line(lambda: _parsed(f"train={value}"), f"must be quoted: train={fix}")
+    line = raises_one_line(lambda: _parsed(f"train={value}"), "must be quoted: ")
+    assert pasted(line.rpartition("must be quoted: ")[2]) == f"train={fix}", line

@@ -232,12 +232,12 @@ def test_a_one_expert_models_n_devices_says_pass_1(n_devices: int) -> None:
         (
             ["-m", "hydra.run.dir='/tmp/a b'"],
             "hydra.run.dir='/tmp/a b': a single run's folder, which a sweep (-m) does not use; "
-            "pass hydra.sweep.dir='/tmp/a b'",
+            "pass \"hydra.sweep.dir='/tmp/a b'\"",
         ),
         (
             ['hydra.sweep.dir="/tmp/é"'],
             "hydra.sweep.dir=/tmp/é: a sweep's folder, which a single run (no -m) does not use; "
-            "pass hydra.run.dir='/tmp/é', or add -m",
+            "pass \"hydra.run.dir='/tmp/é'\", or add -m",
         ),
         (["hydra.job.name='abc'"], None),  # the name abc: it was refused as not one
     ],

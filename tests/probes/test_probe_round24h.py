@@ -24,7 +24,7 @@ from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, pasted, raises_one_line
 from tests.probes.test_probe_round24c import _NoParams
 
 
@@ -187,4 +187,5 @@ def test_a_sweeps_run_dir_is_taken_unquoted(command: str, tmp_path: Path, cli_he
     gone = f"{run}x"  # not there: the form to paste, one folder
     fix = f"['{gone}']" if key == "runs" else f"'{gone}'"
     value = f"[{gone}]" if key == "runs" else gone
-    one_line(cli_here(module, f"{key}={value}"), f"must be quoted: {key}={fix}")
+    line = one_line(cli_here(module, f"{key}={value}"), "must be quoted: ")
+    assert pasted(line.rpartition("must be quoted: ")[2]) == f"{key}={fix}", line

@@ -51,7 +51,7 @@ from planners import registry
 from planners.sequential import Sequential
 from real.checkpoint import reduced_spec
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import ROOT, one_line, raises_one_line
+from tests.probes.conftest import ROOT, one_line, pasted, raises_one_line
 from tests.probes.test_probe_round24c import _NoParams
 
 # --- 1. a character of hydra's grammar inside a path-valued option ---
@@ -71,9 +71,8 @@ PATH_KEYS = [
 
 def _fix_of(line: str, key: str) -> str:
     """The override a line says to pass (a shell's outer quotes off)."""
-    fix = re.split(r"(?:pass|quoted:) ", line)[-1]
-    fix = fix[len(key) + 1 :]
-    return fix[1:-1] if fix.startswith("\"'") and fix.endswith("'\"") else fix
+    fix = pasted(re.split(r"(?:pass|quoted:) ", line)[-1])
+    return fix[len(key) + 1 :]
 
 
 @pytest.mark.parametrize("key", PATH_KEYS)
@@ -136,7 +135,7 @@ def test_a_path_holding_hydras_characters_is_its_path_or_says_how(key: str, char
 @pytest.mark.parametrize(
     ("key", "said"),
     [
-        ("dir", "writes it '\\${', quoted: dir='.../a\\${x}'"),
+        ("dir", "writes it '\\${', quoted: 'dir=\".../a\\${x}\"'"),
         ("hydra.run.dir", "cannot hold '${' as itself"),
         ("workload.seed", None),  # not a path
     ],

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import one_line
+from tests.probes.conftest import one_line, pasted
 
 _HUGE = [
     ("experiments.make_checkpoint", ["model=tiny", "out=OUT", "shard_mb=1e300"], "shard_mb"),
@@ -122,19 +122,17 @@ def test_a_comma_inside_one_item_of_a_list_option_says_to_quote_it(
     out = f"out={tmp_path / 'o.json'}"
     line = one_line(cli_here("experiments.trace_json", f"runs=[{','.join(folders)}]", out))
     fix = ",".join(f"'{f}'" if "," in f else f for f in folders)
-    assert line.endswith(
-        f"{folders[0]} is one path, which hydra splits at its comma into "
-        f"items; quote it: pass runs=[{fix}]"
-    ), line
+    said = f"{folders[0]} is one path, which hydra splits at its comma into items; quote it: pass "
+    assert said in line and pasted(line.partition(said)[2]) == f"runs=[{fix}]", line
     line = one_line(cli_here("experiments.trace_json", f"runs=[{fix}]", out))
     assert f"{folders[0]}: no trace.parquet there" in line  # taken whole
 
 
 def test_the_fix_for_an_equals_sign_reads_as_the_others(cli_here: Any) -> None:
-    """A run dir's `=` was told to pass `runs="['/x/w=1','c']"`, in the shell's quotes where
-    every other fix shows hydra's alone."""
+    """A run dir's `=` is told to pass its list in hydra's quotes, inside the shell's as every
+    other fix (round 26c: a fix pasted into a shell as it stands works)."""
     line = one_line(cli_here("experiments.trace_json", "runs=[/nonexistent/w=1,c]"))
-    assert line.endswith("must be quoted: runs=['/nonexistent/w=1','c']"), line
+    assert line.endswith("must be quoted: \"runs=['/nonexistent/w=1','c']\""), line
 
 
 @pytest.mark.parametrize("tracker", [False, True], ids=["before-the-tracker", "tracker-running"])
