@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from core.errors import MoepipeError, integer_below, integer_words
+from core.errors import MoepipeError, integer_words
 from core.files import broken_link, not_regular, staging_file
 
 # The largest count of repeats a command takes: each is a whole run or measurement, and a
@@ -32,6 +32,7 @@ TOKENS_WHY = "beyond it the activations outgrow any machine's memory"
 # The largest size, in MB, any size option of a command takes (a shard, a probe file, a margin,
 # a budget): 1 TiB is past any one machine's memory, where a typo (1e300) is the likely cause.
 MAX_SIZE_MB = 1 << 20
+SIZE_WHY = "a size in MB; 1 TiB is past any one machine"
 
 
 def as_int(
@@ -55,11 +56,13 @@ def as_int(
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
     if n is None and non_finite(value):  # inf, nan: in the words of every other number's check
         raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")
-    if n is None:
-        word = "an integer" if at_least is None else integer_words(at_least)
+    word = "an integer" if at_least is None else integer_words(at_least)
+    if at_least is not None and at_most is not None:  # its whole range, as a size's `[1, ..]`
+        word = f"an integer in [{at_least}, {at_most}]" + (f" ({why})" if why else "")
+    if n is None or (at_least is not None and n < at_least):
         raise MoepipeError(f"{key}={value}: must be {word}; pass e.g. {example}")
-    if at_least is not None and n < at_least:
-        raise MoepipeError(f"{integer_below(key, value, at_least)}; pass e.g. {example}")
+    if at_least is not None and at_most is not None and n > at_most:
+        raise MoepipeError(f"{key}={value}: must be {word}; pass a smaller one")
     _check_at_most(key, value, n, at_most, why)
     return n
 
@@ -127,9 +130,9 @@ def as_size_mb(
     `as_int`'s or `as_float`'s line below the range or for a value not a number, and a line
     naming the whole range above it (`shard_mb=1e300` was taken, and planned a single shard)."""
     low = f"{int(at_least)}" if float(at_least).is_integer() else f"{at_least:g}"
+    if whole:  # (as_int's line names the whole range)
+        return as_int(key, value, at_least=int(at_least), at_most=MAX_SIZE_MB, why=SIZE_WHY)
     why = f"a size in MB is in [{low}, {MAX_SIZE_MB}], 1 TiB: past any one machine"
-    if whole:
-        return as_int(key, value, at_least=int(at_least), at_most=MAX_SIZE_MB, why=why)
     return as_float(key, value, at_least=at_least, low_why=low_why, at_most=MAX_SIZE_MB, why=why)
 
 

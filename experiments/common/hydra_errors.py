@@ -23,6 +23,13 @@ from experiments.common.defaults_errors import (
     defaults_list_line,
     override_outside_global,
 )
+from experiments.common.int_ranges import (
+    int_field_line,
+    int_range,
+    range_words,
+    unit_given,
+    whole_float,
+)
 from experiments.common.path_values import literal_dollar
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -386,15 +393,19 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         return f"{key} must be a finite number, got {wrong.group(1)}{at}; pass {key}=<{need}>"
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
-        whole = _whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
-        if whole is not None:  # 1e9: YAML reads it as a float, and it is one
+        whole = whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
+        low, high, _ = int_range(key)
+        if whole is not None and low <= whole <= (whole if high is None else high):  # 1e9
             return f"{key}={wrong.group(1)}: an integer written as a float{at}; pass {key}={whole}"
-        unit = _unit_of(key) if re.match(r"\s*[-+.\d]+\s*[a-zA-Z]", wrong.group(1)) else None
+        unit = unit_given(key, wrong.group(1))
         if unit:  # "16GB": the unit is in the key's name, the value a bare number
+            need = range_words(key) if wrong.group(2) == "Integer" else need
             return (
                 f"{key}={wrong.group(1)}: must be {need}{at}; the unit is {unit}, as the key's "
                 f"name says: pass {key}=<a number in {unit}>, without a unit"
             )
+        if wrong.group(2) == "Integer":  # 2.5, 1e300, abc: the range its own check says
+            return int_field_line(key, wrong.group(1), at)
         return f"{key}={wrong.group(1)}: must be {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
@@ -421,35 +432,6 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
 
 
 # the unit a config key's name carries (memory_gb.gpu, links.h2d.gbps, gpu.overhead_us)
-_UNITS = (
-    ("gbps", "GB/s"),
-    ("_gb", "GB"),
-    ("tflops", "TFLOP/s"),
-    ("_us", "microseconds"),
-    ("_ms", "milliseconds"),
-    ("_bytes", "bytes"),
-    ("_s", "seconds"),
-)
-
-
-def _unit_of(key: str) -> str | None:
-    """The unit the nearest part of dotted `key` names that carries one, or None."""
-    for part in reversed(key.split(".")):
-        unit = next((u for suffix, u in _UNITS if part.endswith(suffix)), None)
-        if unit:
-            return unit
-    return None
-
-
-def _whole_float(text: str) -> int | None:
-    """The integer a float's text holds (1e9, 8.0), or None."""
-    try:
-        x = float(text)
-    except ValueError:
-        return None
-    return int(x) if x.is_integer() and abs(x) < 2**63 else None
-
-
 def _config_file(name: str, files: dict[str, str] | None) -> str:
     """Where config `name` (`workload/mine`) came from: the user's file `group_files` copied,
     conf/<name>.yaml, or a folder on hydra.searchpath."""

@@ -2,20 +2,34 @@
 1. a fix line in hydra's grammar (`pass KEY='/x/a,b'`) pasted into a shell as printed did not
    work: the shell strips the quotes hydra needs. Every such fix now shows the argument in the
    shell's quotes too, and pasted into bash it hands the command the value meant.
+2. an int-typed field given a float, a number past any range or a word (`disk_mb=1e300`,
+   `workload.batch_size=2.5`) was refused by omegaconf's typing, "must be an integer", before
+   the project's check that names the range; a size below its range named only its lowest.
+   Every int-typed field of every command now says its field and its working range.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import re
 import shlex
 import subprocess
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from core.args import as_size_mb
 from core.errors import MoepipeError
+from experiments.common import hydra_errors
 from experiments.common.overrides import _parsed
 from experiments.common.path_values import comma_in_item, comma_in_path, literal_dollar
 from experiments.run import misplaced_output
+from tests.probes.conftest import one_line, raises_one_line
 
 # --- 1. a fix line pasted into a shell as it stands ---
 
@@ -130,3 +144,85 @@ def test_a_comma_inside_a_list_items_fix_works_pasted(tmp_path: Path) -> None:
     assert said is not None
     arg = _command_gets(_fix(str(said), "pass "))
     assert _parsed(arg).value() == [str(tmp_path / "a,b")], said
+
+
+# --- 2. an int-typed field's value of the wrong type names its range ---
+
+_COMMANDS = [
+    *("calibrate", "collect", "convert_traces", "make_checkpoint", "prefetch_eval"),
+    *("replication", "replication_cv", "report", "reproduce_klotski", "routing_stats"),
+    *("run", "trace_json", "validate", "validate_lanes", "torchrun"),
+    *("bench.sim", "bench.real", "bench.host", "bench.lanes", "bench.accelerate"),
+]
+# what a line says of an int field's working range (core.errors.integer_words, or both ends)
+_RANGE = re.compile(
+    r"must be (an integer in \[-?\d+, \d+\]|a positive integer|a non-negative integer"
+    r"|an integer >= -?\d+)"
+)
+
+
+def _int_fields() -> list[tuple[type, str]]:
+    """Every int-typed field of every command's schema, its groups' and the planners' params."""
+    for name in _COMMANDS:
+        importlib.import_module(f"experiments.{name}")
+    found = []
+    for cls in hydra_errors._schema_classes():
+        if cls.__module__.startswith("hydra."):  # hydra's own (hydra.job.num)
+            continue
+        hints = typing.get_type_hints(cls)
+        found += [
+            (cls, f.name)
+            for f in dataclasses.fields(cls)
+            if hints[f.name] in (int, typing.Optional[int])  # noqa: UP045 (as hints have it)
+        ]
+    return found
+
+
+@pytest.mark.parametrize("value", [2.5, 1e300, "abc", "16MB", -1.5])
+def test_every_int_fields_wrong_type_names_its_range(value: Any) -> None:
+    """Class: a value omegaconf's typing refuses before the project's own check. Each of the
+    commands' int-typed fields (over 100) said "must be an integer; pass KEY=<an integer>"."""
+    fields = _int_fields()
+    assert len(fields) > 100
+    bare = []
+    for cls, name in fields:
+        cfg = OmegaConf.structured(cls)
+        with pytest.raises(ValidationError) as info:
+            setattr(cfg, name, value)
+        line = hydra_errors.one_line(info.value)
+        if line is None or f"{name}=" not in line or not _RANGE.search(line):
+            bare.append((cls.__name__, name, line))
+    assert not bare, bare
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "said"),
+    [
+        ("experiments.calibrate", ["disk_mb=1e300"], "disk_mb=1e+300: must be an integer in [1, "),
+        ("experiments.calibrate", ["disk_mb=2.5"], "disk_mb=2.5: must be an integer in [1, "),
+        ("experiments.calibrate", ["disk_mb=-5"], "disk_mb=-5: must be an integer in [1, "),
+        (
+            "experiments.run",
+            ["model=tiny", "hardware=tiny", "workload=tiny", "workload.batch_size=1e9"],
+            "workload.batch_size=1000000000.0: must be an integer in [1, 1048576]",
+        ),
+        (
+            "experiments.bench.real",
+            ["model=tiny", "budget_gb=4", "slack_mb=-5"],
+            "slack_mb=-5: must be an integer in [0, 1048576]",
+        ),
+    ],
+)
+def test_a_commands_int_option_names_its_range(
+    cli_here: Any, module: str, args: list[str], said: str
+) -> None:
+    """Class: a value omegaconf's typing refuses before the project's own check (`disk_mb=1e300`
+    was "must be an integer"), and a size below its range named only its lowest."""
+    one_line(cli_here(module, *args, "hydra.run.dir=/nonexistent/r26c"), said)
+
+
+@pytest.mark.parametrize("low", [0, 1])
+def test_a_size_below_its_range_names_the_whole_range(low: int) -> None:
+    """Class: a size below its range (`slack_mb=-5`) said "must be a non-negative integer",
+    not the range that works."""
+    raises_one_line(lambda: as_size_mb("x_mb", -5, at_least=low), f"in [{low}, 1048576]")

@@ -223,7 +223,7 @@ def test_each_row_is_the_median_of_its_repeats(mixtral_tiny, monkeypatch, capsys
         (
             "accelerate",
             "room_margin_mb=-1",
-            "error: room_margin_mb=-1: must be a non-negative integer",
+            "error: room_margin_mb=-1: must be an integer in [0, 1048576]",
         ),
         ("accelerate", "host_room_mb=x", "error: host_room_mb=x: must be an integer"),
         ("real", "room=page", "error: room='page' unknown; valid: cgroup, tiers"),
