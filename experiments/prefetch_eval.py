@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,7 @@ from experiments.common.cli import (
 )
 from experiments.common.dir_lock import output_locked
 from experiments.common.held_warnings import say_line
+from experiments.common.path_values import comma_in_name
 from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
 
@@ -129,6 +131,32 @@ def _main(args: Options) -> int:
         return 2
 
 
+def _check_tasks(flag: str, tasks: tuple[str, ...], trace: Any, trace_dir: str) -> None:
+    """`train` or `test` (`flag`), the trace's tasks named: none, an unknown one (or one split
+    at its comma), one given twice or one the trace holds no tokens of is a MoepipeError."""
+    if not tasks:  # an empty list selects every task, the other side's too
+        raise MoepipeError(
+            f"{flag}=[]: name at least one task (of {', '.join(trace.task_names)}); "
+            "an empty list would select every task, the other list's too"
+        )
+    unknown = [t for t in tasks if t not in trace.task_names]
+    split = comma_in_name(flag, tasks, trace.task_names) if unknown else None
+    if split is not None:  # one task's name, split at its comma
+        raise split
+    if unknown:
+        raise MoepipeError(
+            f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; pass tasks the "
+            f"trace has: {', '.join(trace.task_names)}"
+        )
+    checked_names(flag, tasks, trace.task_names)  # one given twice: its rows doubled
+    held = {trace.task_names[i] for i in np.unique(trace.task)}
+    if empty := [t for t in tasks if t not in held]:  # a trace cut to some tasks
+        raise MoepipeError(
+            f"{flag}=[{','.join(tasks)}]: the trace in {trace_dir} holds no tokens "
+            f"of {', '.join(empty)}; name tasks it holds ({', '.join(sorted(held))})"
+        )
+
+
 def _evaluated(args: Options) -> int:
     try:
         if args.group_seqs < 1:
@@ -145,24 +173,7 @@ def _evaluated(args: Options) -> int:
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")
         train, test = tuple(map(str, args.train)), tuple(map(str, args.test))
         for flag, tasks in (("train", train), ("test", test)):
-            if not tasks:  # an empty list selects every task, the other side's too
-                raise MoepipeError(
-                    f"{flag}=[]: name at least one task (of {', '.join(trace.task_names)}); "
-                    "an empty list would select every task, the other list's too"
-                )
-            unknown = [t for t in tasks if t not in trace.task_names]
-            if unknown:
-                raise MoepipeError(
-                    f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; pass tasks the "
-                    f"trace has: {', '.join(trace.task_names)}"
-                )
-            checked_names(flag, tasks, trace.task_names)  # one given twice: its rows doubled
-            held = {trace.task_names[i] for i in np.unique(trace.task)}
-            if empty := [t for t in tasks if t not in held]:  # a trace cut to some tasks
-                raise MoepipeError(
-                    f"{flag}=[{','.join(tasks)}]: the trace in {args.trace_dir} holds no tokens "
-                    f"of {', '.join(empty)}; name tasks it holds ({', '.join(sorted(held))})"
-                )
+            _check_tasks(flag, tasks, trace, args.trace_dir)
         if set(train) & set(test):
             raise MoepipeError(
                 f"train={list(train)} and test={list(test)} overlap; drop "

@@ -38,6 +38,7 @@ from experiments.common.argv_checks import (
 )
 from experiments.common.conf_files import chosen_file
 from experiments.common.held_warnings import say_line, settle, warnings_held
+from experiments.common.path_values import comma_in_name
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
 from experiments.common.sent_again import (
     Interrupt,
@@ -96,6 +97,9 @@ def checked_names(key: str, names: Sequence[Any], valid: Sequence[str]) -> list[
             f"{key}=[{','.join(given)}]: {', '.join(twice)} given twice; name each once"
         )
     unknown = [n for n in given if n not in valid]
+    split = comma_in_name(key, given, valid) if unknown else None
+    if split is not None:  # `variants=['a[x','y]']`: one name, split at its comma
+        raise split
     if unknown:
         raise MoepipeError(
             f"{key}=[{','.join(given)}]: unknown {', '.join(unknown)}; "

@@ -20,7 +20,7 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
-from experiments.common.path_values import comma_in_path, quoted_path, shell_arg
+from experiments.common.path_values import comma_in_path, is_path_key, quoted_path, shell_arg
 from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
@@ -325,13 +325,15 @@ def _parsed(override: str) -> Any:
             listed = value.startswith("[") and value.endswith("]")
             from experiments.common.run_dir_args import path_items
 
-            items = path_items(value[1:-1] if listed else value)
-            if not listed and not all("=" in i for i in items):  # one path's `a=b,c d`
+            paths = is_path_key(key) or "/" in value  # a sweep's run dirs: `a=1,b=2` one folder
+            items = (path_items if paths else _items)(value[1:-1] if listed else value)
+            if paths and not listed and not all("=" in i for i in items):  # one path's `a=b,c d`
                 items = [value]
-            quoted = ",".join(f"'{i}'" for i in items)
+            quoted = ",".join(quoted_path("", i)[1:] for i in items)
             fix = f"[{quoted}]" if listed else quoted
+            what = " (a sweep's run dir)" if paths else ""  # (replication's `eplb[interval=8]`)
             raise MoepipeError(
-                f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
+                f"{override}: a value holding '='{what} must be quoted: "
                 f"{shell_arg(f'{key}={fix}')}"  # hydra's quotes, in the shell's
             ) from None
         quoted = _quoted(key, value)

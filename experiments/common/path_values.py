@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable, Collection, Sequence
 
 from core.errors import MoepipeError
 
@@ -108,14 +109,36 @@ def comma_in_item(key: str, items: list[str]) -> MoepipeError | None:
     commas, is there where its pieces are not all there. None where no such run is."""
     if not (is_path_key(key) or any("/" in i for i in items)):
         return None
+    return _split_item(key, items, os.path.exists, "path")
+
+
+def comma_in_name(key: str, items: Sequence[str], valid: Collection[str]) -> MoepipeError | None:
+    """The line for list option `key` of names, whose items hydra split at a comma inside one
+    (replication's `variants=[predictive_replication[layer_corr,gate=none]]` quoted, a column's
+    name): a run of neighbours that, joined by commas, is a name of `valid` where its pieces
+    are not all. None where no such run is."""
+    return _split_item(key, list(items), lambda p: p in valid, "item")
+
+
+def _split_item(
+    key: str, items: list[str], ok: Callable[[str], bool], what: str
+) -> MoepipeError | None:
     for i in range(len(items) - 1):
         for j in range(len(items), i + 1, -1):  # the longest run first: `/x/a,b,c`
             joined = ",".join(items[i:j])
-            if os.path.exists(joined) and not all(os.path.exists(p) for p in items[i:j]):
-                fix = [f"'{p}'" if p == joined else p for p in [*items[:i], joined, *items[j:]]]
+            if ok(joined) and not all(ok(p) for p in items[i:j]):
+                fix = [_hydra_quoted(p) for p in [*items[:i], joined, *items[j:]]]
                 arg = shell_arg(f"{key}=[{','.join(fix)}]")
                 return MoepipeError(
-                    f"{key}=[{','.join(items)}]: {joined} is one path, which hydra splits at "
+                    f"{key}=[{','.join(items)}]: {joined} is one {what}, which hydra splits at "
                     f"its comma into items; quote it: pass {arg}"
                 )
     return None
+
+
+def _hydra_quoted(item: str) -> str:
+    """`item`, a list's, as hydra's grammar takes it whole: as is where it holds only what an
+    unquoted item may, else quoted (`quoted_path`'s quotes)."""
+    if re.fullmatch(r"[\w./:+-]+", item, re.ASCII):
+        return item
+    return quoted_path("", item)[1:]

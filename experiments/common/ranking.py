@@ -17,6 +17,7 @@ import pandas as pd
 from core.bubbles import top_cause
 from core.errors import did_you_mean
 from core.shown import short_of
+from experiments.common.path_values import comma_in_name
 from experiments.common.tables import SYSTEM, fixed
 
 # swept workload columns: a figure against one of them draws a line per value of the others
@@ -95,6 +96,9 @@ def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
             "numeric config key, e.g. model.top_k, is taken too)"
         )
     bad = [c for c in columns if c not in df.columns]
+    split = comma_in_name("columns", columns, set(df.columns)) if bad else None
+    if split is not None:  # a column's name, split at its comma
+        raise ReportError(str(split))
     if bad:
         raise ReportError(
             f"unknown column(s) {', '.join(bad)}; {did_you_mean(bad[0], df.columns)}"

@@ -6,6 +6,10 @@
    `workload.batch_size=2.5`) was refused by omegaconf's typing, "must be an integer", before
    the project's check that names the range; a size below its range named only its lowest.
    Every int-typed field of every command now says its field and its working range.
+3. a comma inside an item of a list of names (replication's `variants`, report's `columns`,
+   any list option checked against its valid names) was named only as an unknown name, and a
+   label holding `=` was told to pass its items joined as one run dir. The line now says the
+   comma split an item and how to quote it; each item of a name list is quoted alone.
 """
 
 from __future__ import annotations
@@ -226,3 +230,78 @@ def test_a_size_below_its_range_names_the_whole_range(low: int) -> None:
     """Class: a size below its range (`slack_mb=-5`) said "must be a non-negative integer",
     not the range that works."""
     raises_one_line(lambda: as_size_mb("x_mb", -5, at_least=low), f"in [{low}, 1048576]")
+
+
+# --- 3. a comma inside an item of a list of names ---
+
+_VARIANT = "predictive_replication[layer_corr,gate=none]"
+
+
+@pytest.mark.parametrize(
+    ("key", "items", "valid", "want"),
+    [
+        ("variants", ["predictive_replication[layer_corr", "gate=none]"], [_VARIANT], [_VARIANT]),
+        ("only", ["fig14", "a", "b"], ["fig14", "a,b"], ["fig14", "a,b"]),
+        ("planners", ["x", "y", "klotski"], ["x,y", "klotski"], ["x,y", "klotski"]),
+        ("columns", ["planner.name", "a", "b"], ["planner.name", "a,b"], ["planner.name", "a,b"]),
+        ("columns", ["x", "y"], ["x,z", "y"], None),  # no run of neighbours is a name
+        ("train", ["law", "x", "y", "z"], ["law", "x,y,z"], ["law", "x,y,z"]),
+    ],
+)
+def test_a_comma_inside_a_names_item_says_the_comma_split_it(
+    key: str, items: list[str], valid: list[str], want: list[str] | None
+) -> None:
+    """Class: a list item split at its comma, named only as unknown names (`unknown
+    predictive_replication[layer_corr, gate=none]`), for every list option of names
+    (checked_names: replication, reproduce_klotski, validate, validate_lanes)."""
+    from experiments.common.cli import checked_names
+
+    if want is None:  # the unknown names' line, as before
+        line = raises_one_line(lambda: checked_names(key, items, valid), "unknown x;")
+        assert "splits" not in line
+        return
+    line = raises_one_line(lambda: checked_names(key, items, valid), "is one item, which hydra")
+    arg = _command_gets(_fix(line, "pass "))
+    assert _parsed(arg).value() == want, line
+
+
+def test_a_report_column_split_at_its_comma_says_so() -> None:
+    """Class: a list item split at its comma (report's `columns=[a,b]` where `a,b` is a column)."""
+    import pandas as pd
+
+    from experiments.common.ranking import REQUIRED, ReportError, check_request
+
+    df = pd.DataFrame({**{k: [1.0] for k in REQUIRED}, "a,b": [1.0]})
+    with pytest.raises(ReportError) as info:
+        check_request(df, REQUIRED[0], ["a", "b"])
+    line = str(info.value)
+    assert "a,b is one item" in line, line
+    assert _parsed(_command_gets(_fix(line, "pass "))).value() == ["a,b"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"[eplb[interval=8],{_VARIANT}]",
+        f"[{_VARIANT},oracle_replication[truth=0.5]]",
+        _VARIANT,
+    ],
+)
+def test_a_name_list_holding_equals_is_quoted_item_by_item(value: str) -> None:
+    """Class: a list item split at its comma (`variants=[eplb[interval=8],...]` was told to
+    pass both labels joined as one quoted item: a sweep's run dir's rule, for names)."""
+    with pytest.raises(MoepipeError) as info:
+        _parsed(f"variants={value}")
+    line = str(info.value)
+    assert "run dir" not in line, line
+    got = _parsed(_command_gets(_fix(line, "must be quoted: "))).value()
+    want = value[1:-1] if value.startswith("[") else value
+    assert (got if isinstance(got, str) else ",".join(got)) == want, line
+
+
+def test_replications_split_variant_is_one_line_saying_so(cli_here: Any) -> None:
+    """Class: a list item split at its comma, through the command."""
+    one_line(
+        cli_here("experiments.replication", f"variants=['{_VARIANT[:-11]}','{_VARIANT[-10:]}']"),
+        f"{_VARIANT} is one item, which hydra splits at its comma",
+    )
