@@ -57,7 +57,7 @@ from experiments.common.dist_measure import p2p_seen  # noqa: E402
 from experiments.common.dist_run import run_distributed  # noqa: E402
 from experiments.common.figures import fig_sim_vs_real  # noqa: E402
 from experiments.common.hardware import load_hardware, measure_in_run, read_hardware, with_links
-from experiments.common.held_warnings import plan_accepted
+from experiments.common.held_warnings import plan_accepted, warnings_held
 from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_names
 from experiments.common.pipeline import (
     RunResult,
@@ -370,12 +370,12 @@ def _simulate_all(setup: Setup, rows: list[dict[str, Any]]) -> dict[str, Sim]:
     """Each planner planned and simulated; one it refuses is a `skipped` row of `rows`."""
     sims: dict[str, Sim] = {}
     for name in setup.names:
+        run = RunSpec(setup.model, setup.hw, setup.wl, name, dict(setup.params))
         try:
-            spec, planner = sized_run(
-                RunSpec(setup.model, setup.hw, setup.wl, name, dict(setup.params))
-            )
-            routing = load_routing(spec.model, spec.workload)
-            sims[name] = spec, routing, simulate_run(spec, routing, planner), planner
+            with warnings_held((MoepipeError,)):  # a planner refused: its warnings dropped
+                spec, planner = sized_run(run)
+                routing = load_routing(spec.model, spec.workload)
+                sims[name] = spec, routing, simulate_run(spec, routing, planner), planner
         except MoepipeError as e:
             if isinstance(e, ScheduleBug):
                 raise  # the planner's bug: said as one, not skipped
@@ -403,25 +403,26 @@ def _real_runs(
                 else None
             )
             try:
-                real_spec = replace(spec, executor="real")
-                if setup.distributed:
-                    dist = run_distributed(
-                        setup.ckpt,
-                        real_spec,
-                        "replay",
-                        None,
-                        120,
-                        routing,
-                        planner,
-                        setup.dtype,
-                        files=setup.files,
-                    )
-                    result = dist.result
-                    plan_accepted()
-                else:
-                    run = dict(routing=routing, planner=planner, dtype=setup.dtype)
-                    run |= dict(files=setup.files, on_planned=plan_accepted)
-                    result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
+                with warnings_held((CapacityError, ConfigError)):  # dropped if refused
+                    real_spec = replace(spec, executor="real")
+                    if setup.distributed:
+                        dist = run_distributed(
+                            setup.ckpt,
+                            real_spec,
+                            "replay",
+                            None,
+                            120,
+                            routing,
+                            planner,
+                            setup.dtype,
+                            files=setup.files,
+                        )
+                        result = dist.result
+                        plan_accepted()
+                    else:
+                        run = dict(routing=routing, planner=planner, dtype=setup.dtype)
+                        run |= dict(files=setup.files, on_planned=plan_accepted)
+                        result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN
                 # weights fail the command (as a skipped row, the table left the planner out)

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from core.errors import CapacityError, MoepipeError
+from core.errors import CapacityError, MoepipeError, ScheduleBug
 
 Held = list[tuple[logging.Logger, logging.LogRecord]]
 # the open holds, outermost first; an entry is None once its plan was accepted (it holds no more)
@@ -82,10 +82,12 @@ def settle(e: BaseException) -> None:
 
 
 @contextmanager
-def warnings_held() -> Iterator[None]:
+def warnings_held(refusals: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Inside, WARNING records are held (`plan_accepted`, `settle` end that). Held when the block
-    ends: dropped where it raises a refusal; else passed to the hold around it where that one
-    still holds (logged with it, in order, never twice), logged where none does."""
+    ends: dropped where it raises a refusal (or one of `refusals`: validate's planner refused,
+    whose warnings leaked into the next planner's; never a bug of ours, which they may
+    explain); else passed to the hold around it where that one still holds (logged with it, in
+    order, never twice), logged where none does."""
     if not _OPEN:
         logging.Logger.callHandlers = _holding  # type: ignore[method-assign]
     held: Held = []
@@ -94,7 +96,8 @@ def warnings_held() -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        _close(depth, None if refused(e) else held)
+        dropped = refused(e) or (isinstance(e, refusals) and not isinstance(e, ScheduleBug))
+        _close(depth, None if dropped else held)
         raise
     _close(depth, held)
 

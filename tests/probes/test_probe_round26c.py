@@ -10,6 +10,8 @@
    any list option checked against its valid names) was named only as an unknown name, and a
    label holding `=` was told to pass its items joined as one run dir. The line now says the
    comma split an item and how to quote it; each item of a name list is quoted alone.
+4. validate kept a refused planner's warnings until another planner's plan was accepted, and
+   said them then, as that planner's. A refused planner's warnings go with its refusal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import importlib
 import re
 import shlex
 import subprocess
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -305,3 +308,77 @@ def test_replications_split_variant_is_one_line_saying_so(cli_here: Any) -> None
         cli_here("experiments.replication", f"variants=['{_VARIANT[:-11]}','{_VARIANT[-10:]}']"),
         f"{_VARIANT} is one item, which hydra splits at its comma",
     )
+
+
+# --- 4. a refused planner's warnings never reach another planner ---
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    executor: str = "sim"
+    model: Any = None
+    workload: Any = None
+
+
+def _validate_setup() -> Any:
+    from experiments.validate import Setup
+
+    return Setup("ck", ["a", "b"], None, None, None, Path("o"), (1, 1), 1, False, False, {}, {})
+
+
+def _warns_then(name: str, refuse: bool) -> None:
+    import logging
+
+    from core.errors import CapacityError
+
+    logging.getLogger("moepipe.probe").warning("%s-warned", name)
+    if refuse:
+        raise CapacityError(f"planner {name}: its working set does not fit")
+
+
+def test_a_refused_planners_warnings_stay_with_its_refusal_in_real_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Class: a refused run's warnings said as another's. validate's planner `a`, refused by
+    the executor (a skipped row), had its warning said at planner `b`'s accepted plan."""
+    from experiments import validate
+    from experiments.common.held_warnings import warnings_held
+
+    def execute(ckpt: str, spec: Any, mode: str, *, planner: str, **kw: Any) -> Any:
+        _warns_then(planner, refuse=planner == "a")
+        kw["on_planned"]()
+        return "result", None
+
+    monkeypatch.setattr(validate, "real_execute", execute)
+    sims: dict[str, Any] = {n: (_Spec(), None, None, n) for n in ("a", "b")}
+    rows: list[dict[str, Any]] = []
+    with warnings_held():
+        reals, _ = validate._real_runs(_validate_setup(), sims, rows)
+    said = [r.getMessage() for r in caplog.records]
+    assert "a-warned" not in said and "b-warned" in said, said
+    assert [r["planner"] for r in rows] == ["a"] and reals["b"] == ["result"]
+
+
+def test_a_planner_refused_in_simulation_keeps_its_warnings(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Class: a refused run's warnings said as another's, for a planner refused while it is
+    planned and simulated (its warning was held for the next accepted plan)."""
+    from experiments import validate
+    from experiments.common.held_warnings import plan_accepted, warnings_held
+
+    def sized(run: Any) -> Any:
+        _warns_then(run.planner, refuse=run.planner == "a")
+        return _Spec(), run.planner
+
+    monkeypatch.setattr(validate, "RunSpec", lambda *a: types.SimpleNamespace(planner=a[3]))
+    monkeypatch.setattr(validate, "sized_run", sized)
+    monkeypatch.setattr(validate, "load_routing", lambda *a: None)
+    monkeypatch.setattr(validate, "simulate_run", lambda *a: "sim")
+    rows: list[dict[str, Any]] = []
+    with warnings_held():
+        sims = validate._simulate_all(_validate_setup(), rows)
+        plan_accepted()  # `b`'s real run
+    said = [r.getMessage() for r in caplog.records]
+    assert "a-warned" not in said and "b-warned" in said, said
+    assert list(sims) == ["b"] and [r["planner"] for r in rows] == ["a"]
