@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.resolve import long_name_refused  # noqa: E402
 from experiments.common.run_dir import remove_empty, topmost_missing  # noqa: E402
 from experiments.common.schema import DtypeOption  # noqa: E402
@@ -115,9 +115,11 @@ def calibrate(
     disk_mb: int,
     in_run_s: float = 20.0,
     dtype: str | None = None,
+    on_accepted: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """The hardware profile of this machine (conf/hardware/<name>.yaml's content), its timings
-    in the checkpoint's compute `dtype` (executor.dtype)."""
+    in the checkpoint's compute `dtype` (executor.dtype). `on_accepted`: called once its inputs
+    are (the checkpoint read), before the minutes of measuring."""
     dev = resolve_device(device)
     if ckpt:
         spec, _ = load_checkpoint(ckpt, dtype)
@@ -127,6 +129,7 @@ def calibrate(
             yaml.safe_load((CONF_MODEL_DIR / "mixtral-tiny.yaml").read_text())
         )
         model = Model(spec)
+    on_accepted()  # the warnings held (held_warnings) said now, not as the command ends
     t0 = time.perf_counter()
     disk_dir.mkdir(parents=True, exist_ok=True)
     m = _measure(spec, model, ckpt, dev, disk_dir, disk_mb, dtype)
@@ -482,9 +485,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 "pass out=FILE"
             )
         long_name_refused(name, "hardware.name", "conf/hardware/<name>.yaml")
-        disk_mb = int(
-            as_size_mb("disk_mb", opts["disk_mb"], at_least=1)
-        )  # bounded by the free disk
+        disk_mb = int(as_size_mb("disk_mb", opts["disk_mb"], at_least=1))  # and the free disk
         in_run_s = as_float(
             "in_run_s", opts["in_run_s"], at_least=0.0, at_most=MAX_IN_RUN_S, why=IN_RUN_WHY
         )
@@ -530,6 +531,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 disk_mb,
                 in_run_s,
                 run_dtype(opts["executor.dtype"]),
+                plan_accepted,
             )
             replaced = out.is_file()  # an earlier measurement's, said so below
             header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"

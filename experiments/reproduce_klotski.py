@@ -41,7 +41,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.deferred import written_together
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pool import checked_workers, ignore_ctrl_c, stopped_on_error
@@ -552,8 +552,7 @@ def _main(args: Options) -> int:
         }
         checked_names("only", only, list(makers))
         checked_workers(args.jobs, "jobs")
-        # made and checked before the simulations, whose results would be lost after
-        not_a_run_folder(args.out, "out")
+        not_a_run_folder(args.out, "out")  # made and checked before the runs, lost after
         top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
         csv_of_ours(out / "results.csv", "table", "reproduce_klotski")  # checked before the runs
@@ -568,6 +567,7 @@ def _main(args: Options) -> int:
         return 2
     jobs = [j for name in only for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
+    plan_accepted()  # its inputs are: the warnings held said now, not after the runs
     t0 = time.perf_counter()
     try:
         rows, ran = run_resumable(jobs, out / DONE, args.jobs)

@@ -12,6 +12,8 @@
    comma split an item and how to quote it; each item of a name list is quoted alone.
 4. validate kept a refused planner's warnings until another planner's plan was accepted, and
    said them then, as that planner's. A refused planner's warnings go with its refusal.
+   calibrate and reproduce_klotski, which accept no plan, said theirs only as they ended
+   (minutes of measuring or simulating later); they say them once their inputs are accepted.
 """
 
 from __future__ import annotations
@@ -382,3 +384,55 @@ def test_a_planner_refused_in_simulation_keeps_its_warnings(
     said = [r.getMessage() for r in caplog.records]
     assert "a-warned" not in said and "b-warned" in said, said
     assert list(sims) == ["b"] and [r["planner"] for r in rows] == ["a"]
+
+
+def _said_by_then(caplog: pytest.LogCaptureFixture, seen: list[str]) -> Any:
+    """A stand-in for a command's long work: what was said by the time it began, then stop."""
+
+    def work(*a: Any, **kw: Any) -> Any:
+        seen.extend(r.getMessage() for r in caplog.records)
+        raise MoepipeError("reached its long work")
+
+    return work
+
+
+def _warns(fn: Any) -> Any:
+    import logging
+
+    def warned(*a: Any, **kw: Any) -> Any:
+        logging.getLogger("moepipe.probe").warning("an input's warning")
+        return fn(*a, **kw)
+
+    return warned
+
+
+def test_calibrates_warnings_print_before_it_measures(
+    cli_here: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Class: a command with no plan to accept held its warnings to its end. calibrate's came
+    after the measuring (minutes); they come once its inputs are read."""
+    from experiments import calibrate
+
+    seen: list[str] = []
+    monkeypatch.setattr(calibrate, "resolve_device", _warns(calibrate.resolve_device))
+    monkeypatch.setattr(calibrate, "_measure", _said_by_then(caplog, seen))
+    args = [f"out={tmp_path / 'h.yaml'}", f"disk_dir={tmp_path}", "disk_mb=1"]
+    one_line(cli_here("experiments.calibrate", *args), "reached its long work")
+    assert "an input's warning" in seen
+
+
+def test_reproduce_klotskis_warnings_print_before_it_simulates(
+    cli_here: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Class: a command with no plan to accept held its warnings to its end (reproduce_klotski's
+    after every simulation)."""
+    from experiments import reproduce_klotski
+
+    seen: list[str] = []
+    monkeypatch.setattr(
+        reproduce_klotski, "checked_workers", _warns(reproduce_klotski.checked_workers)
+    )
+    monkeypatch.setattr(reproduce_klotski, "run_resumable", _said_by_then(caplog, seen))
+    args = [f"out={tmp_path / 'o'}", "only=[table3]", "quick=true"]
+    one_line(cli_here("experiments.reproduce_klotski", *args), "reached its long work")
+    assert "an input's warning" in seen
