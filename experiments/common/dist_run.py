@@ -65,6 +65,11 @@ FAILED = 2  # a rank's exit code for an error it wrote to its error file
 NO_REPORT = 4  # a rank's exit code where it could not write its error file (tmp full)
 STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers wait for it
 LEFT_TO_PARENT = TERMINAL_SIGNALS  # a spawned rank ignores them (`_rank_process`)
+# blocked while the server and the ranks start, as a torchrun rank's start-up has them
+# (`torchrun._ranks_start_stops_blocked`); the server keeps them blocked, the command's to act
+# on, and a rank unblocks them once it is set (a stop in Python's own start-up was the server's
+# death, a line of its own, or "Fatal Python error")
+STARTS_BLOCKED = (*LEFT_TO_PARENT, signal.SIGTERM)
 # what a rank imports, once in the server its processes fork from (`_context`); experiments first:
 # its __init__ sets what torch reads as it loads
 PRELOAD = [
@@ -210,10 +215,10 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             # each rank started whole: a signal between a child's start and its being sent what
             # to run left it reading an empty pipe, and its traceback followed the stop line
             with interrupt_deferred():
-                # a rank starts with Ctrl-C, SIGHUP and SIGQUIT blocked (the mask outlives exec)
-                # until it ignores them (`_rank_process`): one at the terminal, while a rank
-                # still imported torch, printed its KeyboardInterrupt's traceback and more
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_PARENT)
+                # the server and a rank start with Ctrl-C, SIGTERM, SIGHUP and SIGQUIT blocked
+                # (the mask outlives exec) until a rank is set (`_rank_process`): one at the
+                # terminal, while a rank still imported torch, printed its traceback and more
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STARTS_BLOCKED)
                 try:
                     _start(procs, server)
                 finally:
@@ -314,7 +319,7 @@ def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> 
     rank_stderr.capture(args[0], args[3])  # `target(rank, world, init, tmp, ...)`
     for signum in LEFT_TO_PARENT:
         signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STARTS_BLOCKED)  # a SIGTERM held comes now
     die_with_parent()  # its parent is the server, which ends when the command does
     # the server (and with it the command) died before this rank asked to die with it: the
     # rank's parent is then another process (init), and nothing would ever stop the rank

@@ -14,6 +14,9 @@
    said them then, as that planner's. A refused planner's warnings go with its refusal.
    calibrate and reproduce_klotski, which accept no plan, said theirs only as they ended
    (minutes of measuring or simulating later); they say them once their inputs are accepted.
+5. the forkserver that distributed ranks fork from (`python -c`) started with SIGTERM open, as
+   torchrun's ranks did before round 25f: one in its start-up was the server's death, not the
+   command's stop line. It starts, and stays, with it blocked; each rank unblocks it once set.
 """
 
 from __future__ import annotations
@@ -436,3 +439,48 @@ def test_reproduce_klotskis_warnings_print_before_it_simulates(
     args = [f"out={tmp_path / 'o'}", "only=[table3]", "quick=true"]
     one_line(cli_here("experiments.reproduce_klotski", *args), "reached its long work")
     assert "an input's warning" in seen
+
+
+# --- 5. the ranks' forkserver starts with the stops blocked ---
+
+SERVER_MASKS = """
+import os
+from pathlib import Path
+from experiments.common.dist_run import _as_rank, _spawn
+
+def line(pid, field):
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int([l for l in status.splitlines() if l.startswith(field)][0].split()[1], 16)
+
+def masks(rank, world, init, tmp):
+    own = (line(os.getpid(), "SigBlk:"), line(os.getpid(), "SigIgn:"))
+    return _as_rank(rank, tmp, lambda: (line(os.getppid(), "SigBlk:"), *own))
+
+if __name__ == "__main__":
+    print(*_spawn(1, masks, ()))
+"""
+
+
+def test_the_ranks_server_starts_with_sigterm_blocked_and_each_rank_unblocks_it(
+    tmp_path: Path,
+) -> None:
+    """Class: a helper process's start-up open to a stop that is the command's. The server
+    (forkserver, `python -c`) started with SIGTERM open; now blocked, as a torchrun rank's
+    start-up has it, and a rank forked from it has it unblocked and at its default action."""
+    import signal
+    import sys
+
+    from tests.conftest import user_env
+    from tests.probes.conftest import ROOT
+
+    script = tmp_path / "masks.py"
+    script.write_text(SERVER_MASKS)
+    env = dict(user_env(), PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    server_blocked, rank_blocked, rank_ignored = map(int, r.stdout.split()[-3:])
+    term = 1 << (signal.SIGTERM - 1)
+    assert server_blocked & term, r.stdout
+    assert not rank_blocked & term and not rank_ignored & term, r.stdout
