@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ from core.hf_config.to_spec import RUN_DTYPE_ALIASES
 from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
+from real.empty_shared import empty_shared
 from real.fp8 import attach_scales, read_weight
 from real.fused_experts import unfuse_experts
 from real.hf_names import HFNames, hf_names
@@ -522,20 +522,6 @@ _LAYER_KIND_NOTE = {
 _DENSE = re.compile(r"model\.layers\.(\d+)\.mlp\.(?:gate|up|down)_proj\.weight$")
 
 
-# a layer's shared expert(s) (Qwen2-MoE's with its sigmoid gate); group 2: one of its projections
-_SHARED = re.compile(r"model\.layers\.(\d+)\.mlp\.shared_experts?(\.\w+_proj\.weight$)?")
-
-
-def _empty_shared(spec: ModelSpec, listed: list[str], index: Mapping[str, TensorEntry]) -> set[str]:
-    """The shared-expert tensors of layers whose shared projections hold no elements, where
-    config.json sizes none: transformers saves one of width 0 for Qwen2-MoE's
-    shared_expert_intermediate_size 0 and DeepSeek-V2's n_shared_experts 0; it adds exactly 0."""
-    shared = {n: m for n in listed if not spec.shared_ffn_size and (m := _SHARED.match(n))}
-    held = {int(m[1]) for n, m in shared.items() if m[2] and math.prod(index[n].shape)}
-    zero = {int(m[1]) for m in shared.values() if m[2]} - held
-    return {n for n, m in shared.items() if int(m[1]) in zero}
-
-
 def check_all_read(
     d: Path, spec: ModelSpec, cfg: HFConfig, listed: list[str], index: Mapping[str, TensorEntry]
 ) -> None:
@@ -544,9 +530,9 @@ def check_all_read(
     moepipe does not model, or another layer layout), which transformers would run and moepipe
     would silently not. A layer that holds experts where config.json makes it dense names the
     fields that decide it. Layers past a config.json cut, RoPE's saved inverse frequencies
-    (derived, not weights) and a shared expert of width 0 (`_empty_shared`) are left out."""
+    (derived, not weights) and a shared expert of width 0 (`empty_shared`) are left out."""
     read = {ts.hf_name for tensors in unit_layout(spec).values() for ts in tensors.values()}
-    read |= _empty_shared(spec, listed, index)
+    read |= empty_shared(spec, listed, index)
     if cfg.get("tie_word_embeddings"):
         read.add(hf_names(spec.family).lm_head)
     unused = []
