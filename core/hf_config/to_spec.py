@@ -425,7 +425,9 @@ def _deepseek_fields(c: HFConfig, n: int, moe: tuple[int, ...], shared: int) -> 
         raise c.error(
             f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; MLA "
             f"expands its latent to one key/value head per query head (transformers' "
-            f"{ARCH_PREFIX[c.family]} fails on any other count): set it to num_attention_heads"
+            f"{ARCH_PREFIX[c.family]} repeats them by the ratio: its eager attention fails, its "
+            "sdpa ignores the field only where v_head_dim is qk_nope_head_dim + qk_rope_head_dim)"
+            ": set it to num_attention_heads"
         )
     m = {
         k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
