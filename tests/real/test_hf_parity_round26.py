@@ -9,7 +9,9 @@ shorter than prompt and generation). moepipe matches transformers (float32 logit
 greedy tokens equal in float32 and bfloat16) or refuses in one line naming the field. Found: a
 DeepSeek-V2 shared expert of width 0 with mlp_bias adds its down_proj bias in transformers and
 was silently dropped (1.9 off); MLA's num_key_value_heads refusal said transformers fails on any
-other count, where its sdpa runs some.
+other count, where its sdpa runs some; in bfloat16, on widths transformers' default grouped_mm
+experts refuse, its eager experts sum otherwise (2 of 116 such configurations took other tokens:
+the stated reference stays grouped_mm's, pinned here).
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round26.py
 """
