@@ -209,6 +209,34 @@ def ulimits(*names: str) -> str:
     return ", ".join(said)
 
 
+def os_error_fix(e: OSError) -> str:
+    """What would fix an OSError, by its errno (a command's own line about a write it names)."""
+    return {
+        errno.ENOSPC: "free space on that disk, or write elsewhere",
+        errno.EFBIG: "a file outgrew the limit on a file's size (the shell's ulimit -f, or "
+        "the disk's file system): raise it, or make the output smaller",
+        errno.EDQUOT: "free space on that disk, or write elsewhere",
+        errno.EROFS: "choose a folder you can write to",
+        errno.EACCES: "check its permissions, or choose another folder",
+        errno.EPERM: "check its permissions, or choose another folder",
+        errno.ENOENT: "check the path",
+        errno.EISDIR: "move that folder away, or name another file",
+        errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
+        "bytes on most): shorten it",
+        errno.ENOTDIR: "a folder in that path is a file: check the path",
+        errno.EMFILE: f"this process is out of file descriptors ({ulimits('n')}): raise the "
+        "limit (e.g. ulimit -n 4096) and run it again",
+        errno.ENFILE: "the system's table of open files is full: close other programs' files "
+        "(or raise fs.file-max) and run it again",
+    }.get(e.errno or 0, "check the file and the disk")
+
+
+def cannot_write(what: str, e: OSError, verb: str = "write it") -> str:
+    """One line for an OSError while a command writes `what` (`out=PATH`): what failed, the
+    system's reason, and what would fix it (`os_error_fix`)."""
+    return f"{what}: cannot {verb} ({e.strerror or e}); {os_error_fix(e)}"
+
+
 def plain_permissions(path: str | Path) -> None:
     """Give `path` the permissions a plain `open()` gives (0666 less the umask): safetensors'
     save_file leaves 0600, so a checkpoint or a run's tokens another user of a shared group

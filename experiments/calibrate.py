@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from core.errors import CapacityError, MoepipeError
-from core.files import memory_filesystem, staging_file
+from core.files import cannot_write, memory_filesystem, staging_file
 from core.spec import ModelSpec
 from core.types import OpKind
 from experiments.common.app import command, kv
@@ -541,7 +541,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 os.replace(tmp, out)
             except OSError as e:
                 tmp.unlink(missing_ok=True)
-                raise MoepipeError(f"out={out}: cannot write it ({e.strerror or e})") from None
+                raise MoepipeError(cannot_write(f"out={out}", e)) from None
     except MoepipeError as e:
         say_line(e)
         return 2

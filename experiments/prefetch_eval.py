@@ -23,6 +23,7 @@ import pandas as pd
 
 from core.args import written_whole
 from core.errors import MoepipeError, integer_below
+from core.files import cannot_write
 from core.traces import load_esft, select_tokens
 from experiments.common.app import command
 from experiments.common.cli import (
@@ -228,7 +229,7 @@ def _write(df: pd.DataFrame, out: str) -> int:
         with written_whole(out) as tmp:
             df.to_csv(tmp, index=False)
     except OSError as e:
-        say_line(f"out={out}: cannot write it ({e.strerror or e})")
+        say_line(cannot_write(f"out={out}", e))
         return 2
     return 0
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from core.args import not_a_run_folder, output_dir
 from core.errors import MoepipeError
-from core.files import no_folder_there
+from core.files import cannot_write, no_folder_there
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
@@ -182,7 +182,7 @@ def run(opts: Options) -> list[str]:
             lines.append(f"report: {out / 'index.html'}")
             ep_plots.write_pages(tmp, lines, pngs)
     except OSError as e:
-        raise MoepipeError(f"out={out}: cannot write the report ({e.strerror or e})") from None
+        raise MoepipeError(cannot_write(f"out={out}", e, "write the report")) from None
     return lines
 
 

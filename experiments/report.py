@@ -22,7 +22,7 @@ from omegaconf import MISSING
 
 from core.args import not_a_run_folder, output_dir
 from core.errors import MoepipeError
-from core.files import no_file_there
+from core.files import cannot_write, no_file_there
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.held_warnings import say_line
@@ -72,7 +72,7 @@ def _main(opts: Options) -> int:
         return 2
     except OSError as err:  # a full disk while the figures are written: the error names no file
         _remove_if_made(out, fresh)
-        say_line(f"out={out}: cannot write the report ({err.strerror or err})")
+        say_line(cannot_write(f"out={out}", err, "write the report"))
         return 2
     except BaseException:
         _remove_if_made(out, fresh)

@@ -19,6 +19,7 @@ import numpy as np
 
 from core.args import written_whole
 from core.errors import MoepipeError
+from core.files import cannot_write
 from core.routing_stats import routing_stats, stats_of
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_counts, load_esft
@@ -132,7 +133,7 @@ def _stats(args: Options, seed: int, out: Path) -> int:
         with written_whole(out) as tmp:  # whole or not at all (a full disk cut it short)
             tmp.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
     except OSError as e:
-        say_line(f"out={out}: cannot write it ({e.strerror or e})")
+        say_line(cannot_write(f"out={out}", e))
         return 2
     print(f"\nwrote {out}")
     return 0

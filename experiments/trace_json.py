@@ -20,7 +20,7 @@ from core.args import output_file, written_whole
 from core.balance import device_of
 from core.chrome_trace import CHROME_START, chrome_parts, write_chrome
 from core.errors import MoepipeError
-from core.files import broken_link, read_summary_json
+from core.files import broken_link, cannot_write, read_summary_json
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
@@ -93,7 +93,7 @@ def _main(opts: Options) -> int:
                 with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)
                     write_chrome(tmp, traces)
             except OSError as e:
-                raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
+                raise MoepipeError(cannot_write(f"out={out}", e)) from None
     except MoepipeError as e:
         say_line(e)
         return 2

@@ -25,7 +25,7 @@ import yaml
 import experiments
 from core.args import as_float, as_int, as_size_mb, output_dir, output_file
 from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind, raised_at
-from core.files import ulimits
+from core.files import os_error_fix
 from experiments import STOP_SIGNALS, command_started, out_of_memory
 from experiments.common import stop_again
 from experiments.common.argv_checks import (
@@ -236,30 +236,6 @@ def _os_error_line(e: OSError) -> str:
     where = f"{e.filename}: " if e.filename else ""
     what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
     return _flat(f"{where}{what}; {os_error_fix(e)}")
-
-
-def os_error_fix(e: OSError) -> str:
-    """What would fix an OSError, by its errno (a command's own line about a write it names)."""
-    import errno
-
-    return {
-        errno.ENOSPC: "free space on that disk, or write elsewhere",
-        errno.EFBIG: "a file outgrew the limit on a file's size (the shell's ulimit -f, or "
-        "the disk's file system): raise it, or make the output smaller",
-        errno.EDQUOT: "free space on that disk, or write elsewhere",
-        errno.EROFS: "choose a folder you can write to",
-        errno.EACCES: "check its permissions, or choose another folder",
-        errno.EPERM: "check its permissions, or choose another folder",
-        errno.ENOENT: "check the path",
-        errno.EISDIR: "move that folder away, or name another file",
-        errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
-        "bytes on most): shorten it",
-        errno.ENOTDIR: "a folder in that path is a file: check the path",
-        errno.EMFILE: f"this process is out of file descriptors ({ulimits('n')}): raise the "
-        "limit (e.g. ulimit -n 4096) and run it again",
-        errno.ENFILE: "the system's table of open files is full: close other programs' files "
-        "(or raise fs.file-max) and run it again",
-    }.get(e.errno or 0, "check the file and the disk")
 
 
 def _torch_out_of_memory(e: BaseException) -> bool:

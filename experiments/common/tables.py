@@ -16,7 +16,7 @@ import yaml
 from core.args import output_dir, refuse_theirs
 from core.bubbles import top_cause
 from core.errors import MoepipeError, cannot_read
-from core.files import broken_link, clear_leftovers, read_small, read_summary_json
+from core.files import broken_link, cannot_write, clear_leftovers, read_small, read_summary_json
 from core.lazy import lazy_module
 from core.routing import peek_suffix
 from core.shown import fixed, short_of
@@ -508,9 +508,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
             clean.to_parquet(pq_tmp, index=False)
             clean.to_csv(csv_tmp, index=False)
     except OSError as e:
-        raise MoepipeError(
-            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"
-        ) from None
+        raise MoepipeError(cannot_write(str(e.filename or out), e)) from None
     return pq, csv
 
 

@@ -1,0 +1,84 @@
+"""Round 26d of issue 48: a fresh probe of the 20 commands as a new user and a failing machine
+would run them (`tests.probes.harness26d` over `tests.probes.cases26d_cmd.CASES`: malformed
+config.json and safetensors, OSErrors on full, read-only and size-limited disks, hydra,
+inputs accepted silently, results lost). Classes found, one test group each:
+
+1. A write that failed on the machine (a full disk, a file size limit) said what failed but
+   not what fixes it in report, replication, trace_json, collect, routing_stats,
+   prefetch_eval and calibrate, where run and make_checkpoint say it: "out=X: cannot write
+   it (File too large)"; collect said "pass out= a writable folder" for a full disk. Each now
+   ends in the fix for its errno (`core.files.cannot_write`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import one_line, tiny_run
+
+FULL = "free space on that disk, or write elsewhere"
+TOO_LARGE = "raise it, or make the output smaller"
+
+
+def test_the_case_list_covers_each_class_with_over_200_cases() -> None:
+    """The harness's cases, to run again: over 200, every class of issue 48, ids unique."""
+    from tests.probes.cases26d_cmd import CASES
+
+    ids = Counter(c.id for c in CASES)
+    assert len(CASES) > 200 and max(ids.values()) == 1
+    classes = {c.cls for c in CASES}
+    assert classes == {"hf_config", "safetensors", "oserror", "hydra", "silent", "lost"}
+
+
+def test_a_write_error_line_ends_in_its_errnos_fix() -> None:
+    """`cannot_write`: what failed, the system's reason, and the fix of its errno."""
+    from core.files import cannot_write
+
+    line = cannot_write("out=x", OSError(errno.EFBIG, "File too large"))
+    assert line.startswith("out=x: cannot write it (File too large); ")
+    assert line.endswith(TOO_LARGE)
+
+
+def _raises(code: int) -> Any:
+    def write(*args: Any, **kw: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    return write
+
+
+@pytest.mark.parametrize(("code", "fix"), [(errno.ENOSPC, FULL), (errno.EFBIG, TOO_LARGE)])
+def test_trace_json_and_report_say_what_fixes_a_failed_write(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch, code: int, fix: str
+) -> None:
+    """Class 1: trace_json's and report's line for a write the disk refused ends in its fix."""
+    import experiments.report as report
+    import experiments.trace_json as trace_json
+
+    run = tiny_run(tmp_path / "sweep" / "run")
+    monkeypatch.setattr(trace_json, "write_chrome", _raises(code))
+    one_line(cli_here("experiments.trace_json", f"runs={run}"), "trace.json", fix)
+    monkeypatch.setattr(report, "write_report", _raises(code))
+    one_line(cli_here("experiments.report", f"dir={tmp_path / 'sweep'}"), "report", fix)
+    assert not (tmp_path / "sweep" / "report").exists()
+
+
+def test_collect_says_what_fixes_pyarrows_full_disk(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Class 1: collect's line for pyarrow's full disk ends in a full disk's fix."""
+    import pandas as pd
+
+    def full(*args: Any, **kw: Any) -> None:
+        detail = "Error writing bytes to file. Detail: [errno 28] No space left on device"
+        raise OSError(errno.ENOSPC, detail)  # as pyarrow raises it
+
+    tiny_run(tmp_path / "run")
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    one_line(cli_here("experiments.collect", f"dir={tmp_path}"), "No space left", FULL)
+    assert not list(tmp_path.glob("results.*"))
