@@ -368,11 +368,21 @@ def written_whole(path: str | Path) -> Iterator[Path]:
         path = Path(os.path.realpath(path))
     tmp = staging_file(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with naming(path):
+            yield tmp
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """An OSError raised in the block that names no file (a write's: pandas' to_csv,
+    pyarrow's, matplotlib's savefig on a full disk) names `path`: where a block writes two
+    files (`written_together`), each write names its own, not the last one entered."""
+    try:
+        yield
     except OSError as e:
         if e.filename:
             raise
         raise type(e)(e.errno, e.strerror, str(path)) from None
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from core.args import (
     MAX_TOKENS,
     REPEATS_WHY,
     TOKENS_WHY,
+    naming,
     not_a_run_folder,
     not_the_checkpoint,
 )
@@ -188,8 +189,10 @@ def _written(
     )
     csv, md = out / "validate_lanes.csv", out / "validate_lanes.md"
     with dir_locked(out, OUTPUTS_BUSY), written_together(csv, md) as (csv_tmp, md_tmp):
-        csv_tmp.write_text(table.to_csv(index=False))
-        md_tmp.write_text(f"# {head}\n\n{markdown(table)}\n")  # rounded once, by markdown
+        with naming(csv):  # the file that failed, not the last one of the pair
+            csv_tmp.write_text(table.to_csv(index=False))
+        with naming(md):
+            md_tmp.write_text(f"# {head}\n\n{markdown(table)}\n")  # rounded once, by markdown
     return head
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from core.args import output_dir, refuse_theirs
+from core.args import naming, output_dir, refuse_theirs
 from core.bubbles import top_cause
 from core.errors import MoepipeError, cannot_read
 from core.files import broken_link, cannot_write, clear_leftovers, read_small, read_summary_json
@@ -505,8 +505,10 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     # of one collect: two at once (one while a sweep still ran) left one's beside the other's
     try:
         with dir_locked(out, OUTPUTS_BUSY), written_together(pq, csv) as (pq_tmp, csv_tmp):
-            clean.to_parquet(pq_tmp, index=False)
-            clean.to_csv(csv_tmp, index=False)
+            with naming(pq):  # the file that failed, not the last one of the pair
+                clean.to_parquet(pq_tmp, index=False)
+            with naming(csv):
+                clean.to_csv(csv_tmp, index=False)
     except OSError as e:
         raise MoepipeError(cannot_write(str(e.filename or out), e)) from None
     return pq, csv

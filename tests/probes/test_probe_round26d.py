@@ -8,6 +8,10 @@ inputs accepted silently, results lost). Classes found, one test group each:
    prefetch_eval and calibrate, where run and make_checkpoint say it: "out=X: cannot write
    it (File too large)"; collect said "pass out= a writable folder" for a full disk. Each now
    ends in the fix for its errno (`core.files.cannot_write`).
+2. A failed write of one file of a pair (collect's results.parquet and results.csv,
+   validate_lanes' csv and md) named the other: an error that names no file (pyarrow's,
+   pandas') took the name of the last file entered. Each write now names its own
+   (`core.args.naming`).
 """
 
 from __future__ import annotations
@@ -80,5 +84,7 @@ def test_collect_says_what_fixes_pyarrows_full_disk(
 
     tiny_run(tmp_path / "run")
     monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
-    one_line(cli_here("experiments.collect", f"dir={tmp_path}"), "No space left", FULL)
+    line = one_line(cli_here("experiments.collect", f"dir={tmp_path}"), "No space left", FULL)
     assert not list(tmp_path.glob("results.*"))
+    # class 2: the parquet file failed, and the line names it, not the csv written after it
+    assert line.startswith(f"error: {tmp_path / 'results.parquet'}: "), line
