@@ -226,26 +226,29 @@ def _dup_key(head: dict) -> bytes:
     return (body[:-1] + ", " + extra + "}").encode()
 
 
+def index(body: Any) -> Callable[[Path], None]:
+    return text("ck/model.safetensors.index.json", json.dumps(body))
+
+
+def sharded(t: Path) -> None:
+    (t / ST).rename(t / "ck/model-00001-of-00001.safetensors")
+
+
+def wmap(target: str) -> Callable[[Path], None]:
+    def setup(t: Path) -> None:
+        from safetensors import safe_open
+
+        with safe_open(t / ST, "pt") as f:
+            names = list(f.keys())
+        (t / ST).rename(t / "ck" / "w.safetensors")
+        body = {"weight_map": {n: "w.safetensors" for n in names}}
+        body["weight_map"][names[0]] = target
+        (t / "ck/model.safetensors.index.json").write_text(json.dumps(body))
+
+    return setup
+
+
 def _st_cases() -> list[Case]:
-    def index(body: Any) -> Callable[[Path], None]:
-        return text("ck/model.safetensors.index.json", json.dumps(body))
-
-    def sharded(t: Path) -> None:
-        (t / ST).rename(t / "ck/model-00001-of-00001.safetensors")
-
-    def wmap(target: str) -> Callable[[Path], None]:
-        def setup(t: Path) -> None:
-            from safetensors import safe_open
-
-            with safe_open(t / ST, "pt") as f:
-                names = list(f.keys())
-            (t / ST).rename(t / "ck" / "w.safetensors")
-            body = {"weight_map": {n: "w.safetensors" for n in names}}
-            body["weight_map"][names[0]] = target
-            (t / "ck/model.safetensors.index.json").write_text(json.dumps(body))
-
-        return setup
-
     return [
         st("len_past_end", raw_bytes(lambda b: struct.pack("<Q", 10**9) + b[8:]), "safetensors"),
         st("len_zero", raw_bytes(lambda b: struct.pack("<Q", 0) + b[8:]), "safetensors"),
@@ -287,6 +290,12 @@ def _st_cases() -> list[Case]:
         st("tensor_int", resaved(lambda d: d.update(
             {k: d[k].int() for k in d if "layers.0.self_attn.q_proj" in k})), "q_proj"),
         st("dtype_mixed", header(_set("q_proj", "dtype", "F16")), "q_proj"),
+    ]  # fmt: skip
+
+
+def _st_files_cases() -> list[Case]:
+    """Index files, shard names and what stands where a shard belongs."""
+    return [
         st("index_list", index([1, 2]), "index"),
         st("index_nomap", index({"metadata": {}}), "weight_map"),
         st("index_map_list", index({"weight_map": ["a"]}), "weight_map"),

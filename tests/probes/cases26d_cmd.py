@@ -23,6 +23,7 @@ from tests.probes.cases26d import (
     TINY,
     _hf_cases,
     _st_cases,
+    _st_files_cases,
     _summary,
     both,
     hy,
@@ -31,11 +32,11 @@ from tests.probes.cases26d import (
 )
 from tests.probes.harness26d import CKPT, Case
 
+BAD_YAML = text("cfg/workload/mine.yaml", "batch_size: 2\n\tn_batches: 2\n")  # a tab
 XFSZ = "trap '' XFSZ; ulimit -f 2;"  # a file past 2 KiB: EFBIG, a full disk's kind of error
 
 
 def _hydra_cases() -> list[Case]:
-    bad_yaml = text("cfg/workload/mine.yaml", "batch_size: 2\n\tn_batches: 2\n")
     return [
         hy("interp_missing", "workload.batch_size=${nosuch.key}", names=("nosuch",)),
         hy("interp_cycle", "workload.batch_size=${workload.n_batches}",
@@ -71,6 +72,11 @@ def _hydra_cases() -> list[Case]:
         hy("gpu_nan", "hardware.memory_gb.gpu=nan", names=("gpu",)),
         hy("tflops_inf", "hardware.gpu.tflops=inf", names=("tflops",)),
         hy("overhead_nan", "hardware.cpu.overhead_us=nan", names=("overhead_us",)),
+    ]  # fmt: skip
+
+
+def _hydra_value_cases() -> list[Case]:
+    return [
         hy("hw_unknown_key", "+hardware.nosuch=1", names=("nosuch",)),
         hy("skew_nan", "workload.routing.skew=nan", names=("skew",)),
         hy("corr_over", "workload.routing.layer_corr=1.5", names=("layer_corr",)),
@@ -101,7 +107,7 @@ def _hydra_cases() -> list[Case]:
         hy("config_name_unknown", "--config-name", "nosuch", names=("nosuch",)),
         hy("config_dir_missing", "--config-dir", "{t}/none", "workload=mine", names=("none",)),
         hy("config_dir_tab", "--config-dir", "{t}/cfg", "workload=mine", names=("mine.yaml",),
-           setup=bad_yaml),
+           setup=BAD_YAML),
         hy("config_dir_list", "--config-dir", "{t}/cfg", "workload=mine", names=("mine.yaml",),
            setup=text("cfg/workload/mine.yaml", "- 1\n- 2\n")),
         hy("config_dir_pyobj", "--config-dir", "{t}/cfg", "workload=mine",
@@ -214,21 +220,22 @@ def _bad_summary(**changes: Any) -> Any:
     return _summary(lambda s: s.update(changes))
 
 
+s, col, rep, tj = "silent", "experiments.collect", "experiments.report", "experiments.trace_json"
+
+
+def trace(edit: str) -> Any:
+    def setup(t: Path) -> None:
+        import pandas as pd
+
+        path = t / "run/trace.parquet"
+        df = pd.read_parquet(path)
+        exec(edit, {"df": df, "pd": pd})  # noqa: S102 (the case's own edit)
+        df.to_parquet(path)
+
+    return setup
+
+
 def _silent_cases() -> list[Case]:
-    s = "silent"
-    col, rep, tj = "experiments.collect", "experiments.report", "experiments.trace_json"
-
-    def trace(edit: str) -> Any:
-        def setup(t: Path) -> None:
-            import pandas as pd
-
-            path = t / "run/trace.parquet"
-            df = pd.read_parquet(path)
-            exec(edit, {"df": df, "pd": pd})  # noqa: S102 (the case's own edit)
-            df.to_parquet(path)
-
-        return setup
-
     return [
         Case("si_collect_makespan_neg", s, col, ("dir={t}",), names=("summary.json",),
              setup=_bad_summary(makespan_s=-1.0)),
@@ -263,6 +270,11 @@ def _silent_cases() -> list[Case]:
              setup=lambda t: (t / "run/config.yaml").unlink()),
         Case("si_collect_trace_other", s, col, ("dir={t}/sw",), names=("trace.parquet",),
              setup=lambda t: _swapped_traces(t)),
+    ]  # fmt: skip
+
+
+def _silent_report_cases() -> list[Case]:
+    return [
         Case("si_report_makespan_str", s, rep, ("dir={t}",), names=("summary.json",),
              setup=_bad_summary(makespan_s="fast")),
         Case("si_report_metric_unknown", s, rep, ("dir={t}", "metric=nosuch"), names=("nosuch",)),
@@ -290,6 +302,11 @@ def _silent_cases() -> list[Case]:
              setup=trace("df.drop(df.index[-3:], inplace=True)")),
         Case("si_tj_runs_empty", s, tj, ("runs=[]",), names=("runs",)),
         Case("si_tj_runs_dup", s, tj, ("runs=[{run},{run}]",), names=("run",)),
+    ]  # fmt: skip
+
+
+def _silent_real_cases() -> list[Case]:
+    return [
         Case("si_real_bs_huge_prompt", s, RUN, (*REAL, "workload.prompt_len=5000"),
              names=("prompt_len",)),
         Case("si_real_trace_other_model", s, RUN, (*REAL, "workload.routing.source=trace"),
@@ -315,6 +332,11 @@ def _silent_cases() -> list[Case]:
              names=("rope_scaling",)),
         Case("si_mk_moe_layers_out", s, MK, ("model=mixtral-tiny", "out={t}/c", "n_layers=2",
                                              "moe_layers=[0,5]"), names=("moe_layers",)),
+    ]  # fmt: skip
+
+
+def _silent_option_cases() -> list[Case]:
+    return [
         Case("si_calib_name_slash", s, "experiments.calibrate", ("hardware.name=a/b",),
              names=("hardware.name",)),
         Case("si_calib_name_empty", s, "experiments.calibrate", ("hardware.name=",),
@@ -367,6 +389,57 @@ def _silent_cases() -> list[Case]:
              names=("nosuch",)),
         Case("si_torchrun_bad", s, "experiments.torchrun", ("--nproc-per-node=0", "-m",
                                                             "experiments.run"), names=("nproc",)),
+    ]  # fmt: skip
+
+
+def _repeat_cases() -> list[Case]:
+    """A list option naming one item twice, and values of the right type that mean nothing."""
+    s, v = "silent", "experiments.validate"
+    ds = ("model=deepseek-v2-lite", "workload.routing.source=trace")
+    return [
+        hy("tasks_twice", *ds, "workload.routing.tasks=[law,law]", names=("law",)),
+        hy("tasks_and_excluded", *ds, "workload.routing.tasks=[law]",
+           "workload.routing.exclude_tasks=[law]", names=("law",)),
+        hy("exclude_all", *ds, "workload.routing.exclude_tasks=[law,summary,translation,intent]",
+           names=("exclude_tasks",)),
+        hy("exclude_unknown", *ds, "workload.routing.exclude_tasks=[nosuch]", names=("nosuch",)),
+        hy("moe_layers_twice", "model.moe_layers=[0,0]", names=("moe_layers",)),
+        hy("moe_layers_out", "model.moe_layers=[0,7]", names=("moe_layers",)),
+        hy("n_gpus_zero", "hardware.n_gpus=0", names=("n_gpus",)),
+        hy("hot_no_share", "workload.routing.hot_experts=2", "workload.routing.hot_share=0.0",
+           names=("hot",)),
+        hy("share_no_hot", "workload.routing.hot_share=0.5", names=("hot",)),
+        hy("rdzv_zero", "executor=real", "checkpoint={ck}", "executor.rendezvous_timeout_s=0",
+           names=("rendezvous_timeout_s",)),
+        hy("sweep_params_twice", "-m", "hydra.sweep.dir={t}/sw", "planner=klotski",
+           "planner.params.hot_k=1,1", names=("hot_k",)),
+        Case("si_validate_planner_twice", s, v, ("planners=[flexgen,flexgen]",),
+             names=("flexgen",)),
+        Case("si_validate_gpu_frac_zero", s, v, ("gpu_frac=0",), names=("gpu_frac",)),
+        Case("si_validate_cpu_frac_nan", s, v, ("cpu_frac=nan",), names=("cpu_frac",)),
+        Case("si_validate_lanes_none", s, "experiments.validate_lanes", ("planners=[]",),
+             names=("planners",)),
+        Case("si_report_columns_twice", s, "experiments.report",
+             ("dir={t}", "columns=[makespan_s,makespan_s]"), names=("makespan_s",)),
+        Case("si_prefetch_train_twice", s, "experiments.prefetch_eval", ("train=[law,law]",),
+             names=("law",)),
+        Case("si_prefetch_k_huge", s, "experiments.prefetch_eval", ("k=1000",), names=("k",)),
+        Case("si_klotski_only_twice", s, "experiments.reproduce_klotski",
+             ("only=[table3,table3]", "out={t}/k", "quick=true"), names=("table3",)),
+        Case("si_repl_cases_twice", s, "experiments.replication",
+             ("cases=[esft-g8,esft-g8]", "dir={t}/r"), names=("esft-g8",)),
+        Case("si_mk_moe_layers_twice", s, MK, ("model=mixtral-tiny", "out={t}/c",
+                                               "moe_layers=[0,0]"), names=("moe_layers",)),
+        Case("si_mk_moe_layers_unordered", s, MK, ("model=qwen1.5-moe-a2.7b", "out={t}/c",
+                                                   "n_layers=3", "moe_layers=[2,0]",
+                                                   "hidden_size=64", "n_heads=4",
+                                                   "n_kv_heads=4", "expert_ffn_size=32",
+                                                   "vocab_size=128", "dense_ffn_size=64"),
+             names=("moe_layers",)),
+        Case("si_tj_runs_same_dir", s, "experiments.trace_json", ("runs=[{run},{run}/.]",),
+             names=("run",)),
+        Case("si_stats_seed_huge", s, "experiments.routing_stats", ("seed=1e30",),
+             names=("seed",)),
     ]  # fmt: skip
 
 
@@ -435,5 +508,7 @@ def _lost_cases() -> list[Case]:
 
 
 _ = both  # helpers a case list may use
-CASES = _hf_cases() + _st_cases() + _hydra_cases() + _os_cases() + _silent_cases()
-CASES += _lost_cases()
+CASES = _hf_cases() + _st_cases() + _st_files_cases() + _hydra_cases() + _hydra_value_cases()
+CASES += _os_cases() + _silent_cases() + _silent_report_cases() + _silent_real_cases()
+CASES += _silent_option_cases()
+CASES += _lost_cases() + _repeat_cases()
