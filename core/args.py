@@ -241,12 +241,15 @@ RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "co
 VALIDATION_FILES = ("validate.csv", "validate_lanes.csv")
 
 
-def not_a_run_folder(path: str | Path, key: str, own: tuple[str, ...] = ()) -> None:
+def not_a_run_folder(
+    path: str | Path, key: str, own: tuple[str, ...] = (), checkpoint: bool = False
+) -> None:
     """A MoepipeError where `path`, the folder a command writes its outputs into (argument
     `key`), is a run's or a validation's: it holds a run's summary.json or files.sha256, or a
     validation's table, whose files the outputs would mix with (a report's page and plots, a
-    checkpoint's weights beside a run's trace). `own`: the command's own table, which an
-    earlier run of it left (validate's validate.csv)."""
+    checkpoint's weights beside a run's trace); or, unless the command writes checkpoints
+    (`checkpoint`), a checkpoint's (`checkpoint_folder`). `own`: the command's own table,
+    which an earlier run of it left (validate's validate.csv)."""
     names = [f for f in (*RUN_FILES[:2], *VALIDATION_FILES) if f not in own]
     held = next((f for f in names if (Path(path) / f).is_file()), None)
     if held is not None:
@@ -255,6 +258,25 @@ def not_a_run_folder(path: str | Path, key: str, own: tuple[str, ...] = ()) -> N
             f"{key}={path}: {whose} folder (its {held}), whose files this command's outputs "
             "would mix with; pass out= another folder"
         )
+    if not checkpoint and checkpoint_folder(path):
+        raise MoepipeError(checkpoint_folder_line(path, key, "this command's outputs"))
+
+
+def checkpoint_folder(path: str | Path) -> bool:
+    """Whether `path` holds a Hugging Face checkpoint: its config.json beside safetensors
+    weights (a file of them, or their index). A run dir holds no config.json."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        return False
+    return (p / "model.safetensors.index.json").is_file() or any(p.glob("*.safetensors"))
+
+
+def checkpoint_folder_line(path: str | Path, key: str, whose: str) -> str:
+    """The line refusing output folder `path` (argument `key`) that holds a checkpoint."""
+    return (
+        f"{key}={path}: a checkpoint's folder (its config.json beside its weights), whose files "
+        f"{whose} would mix with; pass {key}= another folder"
+    )
 
 
 def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"") -> Path:

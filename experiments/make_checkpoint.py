@@ -179,7 +179,7 @@ def _write(opts: Any) -> int:
             f"out={opts.out}: holds a checkpoint without make_checkpoint's mark ({theirs}), "
             "whose files this would replace; pass out= another folder, or delete them first"
         )
-    not_a_run_folder(opts.out, "out")  # as a run refuses the checkpoint's folder
+    not_a_run_folder(opts.out, "out", checkpoint=True)  # as a run refuses a checkpoint's
     out = output_dir(opts.out, "out")  # before the weights are made
     try:
         out = write_checkpoint(

@@ -35,6 +35,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import experiments
+from core.args import checkpoint_folder, checkpoint_folder_line
 from core.errors import CapacityError, ConfigError, quoted
 from core.files import clear_leftovers
 from core.hf_config import hf_config_file
@@ -378,6 +379,8 @@ def check_not_model_folder(cfg: DictConfig, out_dir: Path) -> None:
             f"hydra.run.dir={out_dir}: the folder of {key}={path}, whose files a run's would "
             "mix with; pass hydra.run.dir= another folder"
         )
+    if checkpoint_folder(out_dir):  # another model's: the run's files would go among its own
+        raise ConfigError(checkpoint_folder_line(out_dir, "hydra.run.dir", "a run's"))
 
 
 def model_files_line(cfg: DictConfig) -> str:

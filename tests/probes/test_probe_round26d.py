@@ -12,19 +12,26 @@ inputs accepted silently, results lost). Classes found, one test group each:
    validate_lanes' csv and md) named the other: an error that names no file (pyarrow's,
    pandas') took the name of the last file entered. Each write now names its own
    (`core.args.naming`).
+3. A run into a folder holding another model's checkpoint (hydra.run.dir=, a simulated run
+   or a real run of another checkpoint) wrote its summary, trace and tokens.safetensors among
+   that model's weights without a word; make_checkpoint then refused that folder as "a run's".
+   collect's and report's out= alike. A run refused only its own checkpoint's folder. Now any
+   folder holding config.json beside safetensors weights is refused as an output folder
+   (`core.args.checkpoint_folder`), except by make_checkpoint, which writes checkpoints.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.probes.conftest import one_line, tiny_run
+from tests.probes.conftest import TINY, one_line, tiny_run
 
 FULL = "free space on that disk, or write elsewhere"
 TOO_LARGE = "raise it, or make the output smaller"
@@ -88,3 +95,25 @@ def test_collect_says_what_fixes_pyarrows_full_disk(
     assert not list(tmp_path.glob("results.*"))
     # class 2: the parquet file failed, and the line names it, not the csv written after it
     assert line.startswith(f"error: {tmp_path / 'results.parquet'}: "), line
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("experiments.run", [*TINY, "hydra.run.dir=CK"]),
+        ("experiments.collect", ["dir=RUNS", "out=CK"]),
+        ("experiments.report", ["dir=RUNS", "out=CK"]),
+    ],
+    ids=["run", "collect", "report"],
+)
+def test_an_output_folder_holding_a_checkpoint_is_refused(
+    tmp_path: Path, cli_here: Any, tiny_ckpt: Path, module: str, args: list[str]
+) -> None:
+    """Class 3: a command's outputs never go in among another model's weights."""
+    ck = tmp_path / "downloaded"
+    shutil.copytree(tiny_ckpt, ck)
+    held = sorted(p.name for p in ck.iterdir())
+    tiny_run(tmp_path / "runs" / "run")
+    args = [a.replace("RUNS", str(tmp_path / "runs")).replace("CK", str(ck)) for a in args]
+    one_line(cli_here(module, *args), f"={ck}: a checkpoint's folder", "another folder")
+    assert sorted(p.name for p in ck.iterdir()) == held
