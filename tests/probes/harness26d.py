@@ -64,6 +64,7 @@ def _py(module: str, *args: str) -> None:
 def run_case(case: Case, home: Path) -> tuple[str, str]:
     """(kind, the stderr's last line) of `case`, run in a fresh folder under `home`."""
     base, t = _base(home), home / case.id
+    _unmounted(t)
     shutil.rmtree(t, ignore_errors=True)
     t.mkdir(parents=True)
     fields = {"t": str(t), "ck": str(t / "ck"), "run": str(t / "run")}
@@ -87,10 +88,15 @@ def run_case(case: Case, home: Path) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         return "other", "timed out"
     finally:
-        for mount in ("full", "ro", "ck"):
-            if (t / mount).is_mount():
-                subprocess.run(["umount", "-l", str(t / mount)], check=False)
+        _unmounted(t)
     return classify(case, t, r, before)
+
+
+def _unmounted(t: Path) -> None:
+    """The file systems a case mounted in `t` (a full disk, a read-only one) unmounted."""
+    for mount in ("full", "ro", "ck"):
+        if (t / mount).is_mount():
+            subprocess.run(["umount", "-l", str(t / mount)], check=False)
 
 
 def _filled(arg: str, fields: dict[str, str]) -> str:
@@ -112,7 +118,9 @@ def classify(
 ) -> tuple[str, str]:
     """The kind of `r`, the outcome of `case` run in `t` (`before`: its summary.json files
     before it ran)."""
-    err = [line for line in r.stderr.splitlines() if line.strip()]
+    # a sweep's progress bar and its count of runs finished come before its line
+    said = r.stderr.replace("\r", "\n").splitlines()
+    err = [line for line in said if line.strip() and not line.startswith("sweep ")]
     last = err[-1] if err else (r.stdout.strip().splitlines() or [""])[-1]
     if "Traceback" in r.stderr + r.stdout:
         return "traceback", last

@@ -47,6 +47,32 @@ def test_the_case_list_covers_each_class_with_over_200_cases() -> None:
     assert classes == {"hf_config", "safetensors", "oserror", "hydra", "silent", "lost"}
 
 
+def test_the_harness_sorts_each_outcome(tmp_path: Path) -> None:
+    """`classify`: one line is good; an exit 0 of a bad input silent; two lines, a traceback,
+    a line that does not name the fault, a summary.json left and a user's file gone each
+    their kind."""
+    import subprocess
+
+    from tests.probes.harness26d import Case, classify
+
+    def outcome(rc: int, err: str, case: Case | None = None) -> str:
+        done = subprocess.CompletedProcess([], rc, "", err)
+        return classify(case or Case("c", "silent", "m", ()), tmp_path, done, set())[0]
+
+    named = Case("c", "silent", "m", (), names=("seed",))
+    assert outcome(2, "error: workload.seed=-1: bad\n", named) == "good"
+    assert outcome(2, "error: workload.batch_size: bad\n", named) == "wrong"
+    assert outcome(0, "") == "silent"
+    assert outcome(2, "error: a\nerror: b\n") == "multiline"
+    assert outcome(1, "Traceback (most recent call last):\n  ...\nKeyError: 1\n") == "traceback"
+    assert outcome(2, "sweep s: 1 run(s) finished\nerror: sweep s: 1 failed\n") == "good"
+    assert outcome(0, "", Case("c", "lost", "m", (), expect="ok")) == "designed"
+    gone = Case("c", "lost", "m", (), expect="ok", after=lambda t: "lost")
+    assert outcome(0, "", gone) == "lost"
+    (tmp_path / "summary.json").write_text("{}")
+    assert outcome(2, "error: x\n") == "other"
+
+
 def test_a_write_error_line_ends_in_its_errnos_fix() -> None:
     """`cannot_write`: what failed, the system's reason, and the fix of its errno."""
     from core.files import cannot_write
