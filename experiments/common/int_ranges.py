@@ -42,6 +42,7 @@ _NONE_AT_0 = {
     "comm_sms",
     "copy_sms",
     "hot_experts",
+    "moe_layers",  # a layer's index, from 0
     "klotski_attn",
     "n",
     "guess_k",
@@ -56,7 +57,7 @@ _NONE_AT_0 = {
 
 def int_range(key: str) -> tuple[int, int | None, str]:
     """(lowest, highest or None, why the highest) of int-typed field `key` (dotted)."""
-    name = key.lstrip("+~").rsplit(".", 1)[-1]
+    name = re.sub(r"\[\d+\]$", "", key.lstrip("+~").rsplit(".", 1)[-1])  # a list's item
     if name in _RANGES:
         low, high, why = _RANGES[name]
         return (low, 2**64 - 1, why) if key.endswith("workload.seed") else (low, high, why)

@@ -64,7 +64,7 @@ def test_a_group_yaml_holding_a_scalar_says_what_it_holds(
             ["unit_mb=1e-6", "device=cpu"],
             ["unit_mb", "4096 bytes", "must be >="],
         ),
-        ("experiments.calibrate", ["disk_mb=0"], ["disk_mb", "positive integer"]),
+        ("experiments.calibrate", ["disk_mb=0"], ["disk_mb", "an integer in [1, 1048576]"]),
     ],
 )
 def test_a_size_option_below_its_bound_names_the_bound(

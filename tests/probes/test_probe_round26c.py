@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
@@ -419,6 +420,8 @@ def test_calibrates_warnings_print_before_it_measures(
     seen: list[str] = []
     monkeypatch.setattr(calibrate, "resolve_device", _warns(calibrate.resolve_device))
     monkeypatch.setattr(calibrate, "_measure", _said_by_then(caplog, seen))
+    # (another test's calibrate beside this one: its wait for it is no part of this)
+    monkeypatch.setattr(calibrate, "measuring_alone", contextlib.nullcontext)
     args = [f"out={tmp_path / 'h.yaml'}", f"disk_dir={tmp_path}", "disk_mb=1"]
     one_line(cli_here("experiments.calibrate", *args), "reached its long work")
     assert "an input's warning" in seen

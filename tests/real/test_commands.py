@@ -138,7 +138,7 @@ def check_validate_table(out):
         (["n_heads=3"], ["n_heads=3", "n_kv_heads=2"]),
         (["hiden_size=64"], ["hiden_size: unknown key", "did you mean 'hidden_size'"]),
         (["activation=gelu"], ["activation=gelu", "swiglu"]),
-        (["moe_layers=0,x"], ["moe_layers[1]=x", "must be an integer"]),
+        (["moe_layers=0,x"], ["moe_layers[1]=x", "must be a non-negative integer"]),
     ],
 )
 def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
