@@ -167,9 +167,11 @@ def _write(opts: Any) -> int:
         Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_runs(spec, opts.norm_topk_prob, rope_scaling)
-    check_scale(spec, scale)
     check_usable(spec)
+    # before check_scale, whose pass over every tensor's shape took a minute for a model of
+    # 100,000 layers that the disk cannot hold
     check_room(spec, Path(opts.out))
+    check_scale(spec, scale)
     shard_bytes = max(int(shard_mb * 2**20), 1)
     plan = plan_shards(spec, shard_bytes)
     check_ram(plan, shard_mb, spec.name)

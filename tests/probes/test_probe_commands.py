@@ -379,6 +379,25 @@ def test_make_checkpoint_refuses_what_it_could_not_write(
     assert not (tmp_path / "new").exists()
 
 
+def test_make_checkpoint_refuses_a_model_the_disk_cannot_hold_before_checking_its_scale(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The free-space check comes before the scale's, which goes over every tensor's shape (a
+    minute for 100,000 layers, to refuse a model the disk could never hold)."""
+    import experiments.make_checkpoint
+
+    def not_reached(spec: Any) -> tuple[float, float]:
+        raise AssertionError("check_scale ran before check_room")
+
+    monkeypatch.setattr(experiments.make_checkpoint, "std_range", not_reached)
+    out = tmp_path / "new" / "ck"
+    r = cli_here(
+        "experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", "n_layers=100000"
+    )
+    one_line(r, "GB", "free")
+    assert not (tmp_path / "new").exists()
+
+
 def test_make_checkpoint_reads_a_model_file_and_cleans_up_a_failed_write(
     tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
