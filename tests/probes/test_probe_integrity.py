@@ -164,7 +164,9 @@ def test_a_sweep_whose_points_share_a_run_dir_is_refused(
     one_line(r, *names)
     assert not sweep.exists()
     if subdir == "same":  # once: a template of a swept key runs both points
-        r = cli_here("experiments.run", "-m", *args, "hydra.sweep.subdir=bs${workload.batch_size}")
+        subdir_of_bs = "hydra.sweep.subdir=bs${workload.batch_size}"
+        serial = "hydra.launcher.n_jobs=1"  # both points in this process: no pool of fresh workers
+        r = cli_here("experiments.run", "-m", *args, subdir_of_bs, serial)
         assert r.returncode == 0, r.stderr
         assert {p.parent.name for p in sweep.rglob("summary.json")} == {"bs1", "bs2"}
 

@@ -117,6 +117,7 @@ def test_a_switch_sweep_names_the_counts_file_in_failed_txt(tmp_path: Path, cli_
         "replication_row=eplb",
         f"workload.routing.trace_dir={d}",
         f"hydra.sweep.dir={tmp_path / 's'}",
+        "hydra.launcher.n_jobs=1",  # its one point in this process: no pool of fresh workers
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     (failed,) = (tmp_path / "s").rglob("failed.txt")
