@@ -23,7 +23,7 @@ from core.args import not_a_run_folder
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.tables import counted, load_sweep, write_results  # noqa: E402
 
 
@@ -49,6 +49,7 @@ def _main(opts: Options) -> int:
     fresh = not made.exists()
     try:
         not_a_run_folder(out, "out" if opts.out else "dir")  # results.* beside a run's files
+        plan_accepted()  # inputs accepted: its warnings said now, not as it ends
         pq, csv = write_results(df, out)
     except BaseException as err:
         if fresh:

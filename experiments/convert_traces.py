@@ -28,7 +28,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.dir_lock import output_locked
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 
 
 @dataclass
@@ -64,6 +64,7 @@ def _main(args: Options) -> int:
         # as a zip whose first entry is expert_ids.npy
         with output_locked(dest, "out", "convert_traces"):  # two at once: the last won, unsaid
             refuse_theirs(Path(dest), "out", b"PK\x03\x04", b"expert_ids.npy")
+            plan_accepted()  # inputs accepted: its warnings said now, not as it ends
             out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
     except MoepipeError as e:
         say_line(e)

@@ -28,6 +28,7 @@ from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import exit_command, os_error_fix, until_interrupted
 from experiments.common.dir_lock import dir_locked
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.option_names import named_as
 from real.attention import Rope
 from real.checkpoint import reduced_spec
@@ -183,6 +184,7 @@ def _write(opts: Any) -> int:
         )
     not_a_run_folder(opts.out, "out", checkpoint=True)  # as a run refuses a checkpoint's
     out = output_dir(opts.out, "out")  # before the weights are made
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     try:
         out = write_checkpoint(
             spec,

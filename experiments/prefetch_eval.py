@@ -32,7 +32,7 @@ from experiments.common.cli import (
     output_file,
 )
 from experiments.common.dir_lock import output_locked
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.path_values import comma_in_name
 from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
@@ -196,6 +196,7 @@ def _evaluated(args: Options) -> int:
     except MoepipeError as e:
         say_line(e)
         return 2
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     k = args.k or trace.expert_ids.shape[-1]
     res = {
         kind: evaluate(table, test_seqs, kind, k, args.group_seqs)

@@ -32,6 +32,7 @@ from experiments.common.cli import (
     print_or_exit,
     until_interrupted,
 )
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import (
     collect,
@@ -170,6 +171,7 @@ def run(opts: Options) -> list[str]:
     not_a_run_folder(out, "out" if opts.out else "dir")
     output_dir(out, "out" if opts.out else "dir")  # a folder it cannot write, named as others do
     lines, judged = report_lines(rows, opts)
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     # into a folder of its own, moved in once whole (as experiments.report's): a full disk left
     # plots cut short beside the earlier page, and its OSError named no file
     try:

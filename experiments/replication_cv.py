@@ -26,6 +26,7 @@ from experiments.common import ep_rows
 from experiments.common.app import command
 from experiments.common.cli import exit_command, print_or_exit, until_interrupted
 from experiments.common.ep_rows import NOISE_GAP
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.tables import collect, counted, fixed, say_skipped, skipped_note
 
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
@@ -187,6 +188,7 @@ def run(opts: Options) -> list[str]:
             f"dir={sweep}: no finished held-out ESFT runs of the four planners; sweep the "
             f"folds first (see --help){'; skipped' + skipped if skipped else ''}"
         )
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     say_skipped(sweep, problems)
     print(f"{sweep}: {counted(df, problems)}", file=sys.stderr)  # as collect counts them
     return cv_lines(folds)

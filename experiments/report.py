@@ -25,7 +25,7 @@ from core.errors import MoepipeError
 from core.files import cannot_write, no_file_there
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
 from experiments.common.tables import counted, load_sweep, shown
@@ -58,6 +58,7 @@ def _main(opts: Options) -> int:
     try:  # one line for a folder that cannot be made, the default <sweep>/report too
         not_a_run_folder(out, "out")
         output_dir(str(out), "out")
+        plan_accepted()  # inputs accepted: its warnings said now, not as it ends
         page = write_report(
             sweep_dir,
             Path(opts.out) if opts.out else None,

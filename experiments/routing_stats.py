@@ -31,7 +31,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.dir_lock import output_locked
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 
 ROWS = (
     "max_over_mean_median",
@@ -114,6 +114,7 @@ def _main(args: Options) -> int:
 def _stats(args: Options, seed: int, out: Path) -> int:
     try:
         counts = mixtral_counts(args.trace_dir)
+        plan_accepted()  # inputs accepted: its warnings said now, not as it ends
         esft = esft_comparison(args.trace_dir, seed)
         mix = mixtral_comparison(counts, seed)
     except MoepipeError as e:

@@ -28,6 +28,7 @@ from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, 
 from experiments import STOP_SIGNALS
 from experiments.common import stop_again
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.launch_line import said_under, say_as_agent
 
 FAILED = 2  # the commands' exit status for a failure
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_agent()
     _say_signals_here()
     _ranks_start_stops_blocked()
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     try:
         run(args)
     except SignalException as e:

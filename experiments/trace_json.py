@@ -25,7 +25,7 @@ from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.dir_lock import dir_locked
-from experiments.common.held_warnings import say_line
+from experiments.common.held_warnings import plan_accepted, say_line
 from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 
 
@@ -89,6 +89,7 @@ def _main(opts: Options) -> int:
         # trace.json is of the trace.parquet beside it
         with dir_locked(out.parent, OUTPUTS_BUSY):
             traces = [part for r in runs for part in read_traces(r)]
+            plan_accepted()  # inputs accepted: its warnings said now, not as it ends
             try:
                 with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)
                     write_chrome(tmp, traces)

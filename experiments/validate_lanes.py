@@ -49,6 +49,7 @@ from experiments.common.cli import (
 from experiments.common.deferred import written_together
 from experiments.common.dir_lock import dir_locked
 from experiments.common.hardware import hardware_spec, read_hardware
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
@@ -143,6 +144,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     not_a_run_folder(where, "out", own=("validate_lanes.csv",))
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
+    plan_accepted()  # inputs accepted: its warnings said now, not as it ends
     try:
         rows = [
             _planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device, dtype)

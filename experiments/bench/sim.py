@@ -31,7 +31,7 @@ from core.args import MAX_REPEATS, REPEATS_WHY, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command  # noqa: E402
-from experiments.common.held_warnings import say_line  # noqa: E402
+from experiments.common.held_warnings import plan_accepted, say_line  # noqa: E402
 from planners.registry import make_planner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,7 @@ def _main(args: Options) -> int:
     try:
         make_planner(args.planner, {})  # an unknown planner, before the model is loaded
         as_int("repeat", args.repeat, at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+        plan_accepted()  # inputs accepted: its warnings said now, not as it ends
         if args.scaling:
             scaling(args.planner)
         else:
