@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: Options) -> int:
     try:  # every input checked before the statistics, whose results a bad one would lose
-        seed = as_int("seed", args.seed, at_least=0)
+        seed = as_int("seed", args.seed, at_least=0, at_most=2**63 - 1, why="a 64-bit seed")
         out = output_file(args.out, "out", ".json", starts=b'{\n "esft"')
         with output_locked(out, "out", "routing_stats"):  # two at once: the last won, unsaid
             return _stats(args, seed, out)

@@ -115,7 +115,7 @@ def from_the_bench(opts: BenchAccelerateOptions) -> BenchAccelerateOptions:
 def _check_childs_options(d: dict[str, Any]) -> None:
     """The options the bench sets for its children alone (`from_the_bench`), checked in one."""
     if d["role"] == "accelerate":
-        as_int("acc_batch", d["acc_batch"], at_least=1)
+        as_int("acc_batch", d["acc_batch"], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
         as_float("acc_limit_s", d["acc_limit_s"], at_least=0.0)
 
 

@@ -49,10 +49,11 @@ _NONE_AT_0 = {
     "prefetch_distance",
     "history",
     "hot_k",
-    "warmup_sequences",
-    "disk_window",
     "disk_speculate",
 }
+# the token counts of a run's workload (core.spec.Workload): no highest of their own (a
+# simulated run makes no tensors; prompt_len + gen_len are bound together)
+_WORKLOAD_TOKENS = ("batch_size", "n_batches", "prompt_len", "gen_len")
 
 
 def int_range(key: str) -> tuple[int, int | None, str]:
@@ -60,7 +61,13 @@ def int_range(key: str) -> tuple[int, int | None, str]:
     name = re.sub(r"\[\d+\]$", "", key.lstrip("+~").rsplit(".", 1)[-1])  # a list's item
     if name in _RANGES:
         low, high, why = _RANGES[name]
-        return (low, 2**64 - 1, why) if key.endswith("workload.seed") else (low, high, why)
+        if key.endswith("workload.seed"):
+            return low, 2**64 - 1, why
+        if name in _WORKLOAD_TOKENS and key.rsplit(".", 1)[0].endswith("workload"):
+            return low, None, ""
+        return low, high, why
+    if key.endswith("params.n"):  # klotski's: -1 = workload.n_batches, 0 = auto
+        return -1, None, ""
     if name.endswith("_mb"):
         return 0, MAX_SIZE_MB, SIZE_WHY
     return (0 if name in _NONE_AT_0 else 1), None, ""

@@ -31,7 +31,7 @@ def test_routing_stats_checks_the_seed_first(tmp_path, capsys):
     """seed=-1 failed in numpy after the statistics were computed."""
     argv = ["seed=-1", f"trace_dir={tmp_path / 'none'}", f"out={tmp_path / 'o'}"]
     assert routing_stats.main(argv) == 2
-    one_error(capsys, "seed=-1", "non-negative integer")
+    one_error(capsys, "seed=-1", "an integer in [0, 9223372036854775807]")
 
 
 @pytest.mark.parametrize(

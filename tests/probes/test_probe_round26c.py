@@ -216,8 +216,9 @@ def test_every_int_fields_wrong_type_names_its_range(value: Any) -> None:
         ("experiments.calibrate", ["disk_mb=-5"], "disk_mb=-5: must be an integer in [1, "),
         (
             "experiments.run",
-            ["model=tiny", "hardware=tiny", "workload=tiny", "workload.batch_size=1e9"],
-            "workload.batch_size=1000000000.0: must be an integer in [1, 1048576]",
+            # a run's workload has no highest of its own (int_ranges, round26c_gaps' table test)
+            ["model=tiny", "hardware=tiny", "workload=tiny", "workload.batch_size=2.5"],
+            "workload.batch_size=2.5: must be a positive integer",
         ),
         (
             "experiments.bench.real",

@@ -6,6 +6,12 @@
    torchrun): a long one sat silent on a warning the user could act on. Each says them once
    its last refusal check passed, before its long work; a refused run still says only its
    refusal.
+2. int_ranges' table of each int field's working range (the words of a line for a value
+   omegaconf refuses by its type) was kept by hand, apart from the checks it speaks for, and
+   had drifted: a run's workload sizes have no highest (the line said [1, 1048576]), klotski's
+   planner.params.n takes -1, its warmup_sequences and disk_window not 0, bench.accelerate's
+   acc_batch and routing_stats' seed had no highest (the line named one). Every field of the
+   table is now tried at its ends and just past them against each check that takes it.
 """
 
 from __future__ import annotations
@@ -196,3 +202,223 @@ def _with_checkpoint(tmp: Path, request: pytest.FixtureRequest) -> Path:
     """`tmp` with `ck`, a link to the session's small checkpoint (validate_lanes reads one)."""
     (tmp / "ck").symlink_to(request.getfixturevalue("tiny_ckpt"))
     return tmp
+
+
+# --- 2. the int fields' range table is the range each command's own check takes ---
+
+
+class _Accepted(Exception):
+    """Raised by the step after a check: the value got past it."""
+
+
+def _past(*a: Any, **kw: Any) -> Any:
+    raise _Accepted
+
+
+def _model(name: str) -> Callable[[int], Any]:
+    from core.spec import ModelSpec
+    from tests.conftest import conf
+
+    def build(v: int) -> Any:
+        value: Any = [v, 1] if name == "moe_layers" else v
+        return ModelSpec.from_dict(conf("model", "tiny") | {name: value})
+
+    return build
+
+
+def _gpu(name: str) -> Callable[[int], Any]:
+    from core.hardware import HardwareSpec
+    from tests.conftest import conf
+
+    def build(v: int) -> Any:
+        hw = conf("hardware", "tiny")
+        return HardwareSpec.from_dict(hw | {"gpu": dict(hw["gpu"]) | {name: v}})
+
+    return build
+
+
+def _workload(name: str) -> Callable[[int], Any]:
+    from core.spec import Workload
+
+    sizes = {"batch_size": 1, "n_batches": 1, "prompt_len": 1, "gen_len": 1}
+    return lambda v: Workload(**(sizes | {name: v}))  # type: ignore[arg-type]
+
+
+def _params(planner: str, name: str) -> Callable[[int], Any]:
+    from planners.registry import make_params
+
+    return lambda v: make_params(planner, {name: v})
+
+
+def _hot_experts(v: int) -> Any:
+    from core.spec import RoutingConfig
+
+    return RoutingConfig(hot_experts=v, hot_share=0.5 if v else 0.0)
+
+
+def _said(name: str, v: int, code: Any) -> Any:
+    """What a check returned; a `_main` that said its line (2): a refusal."""
+    if code == 2:
+        raise MoepipeError(f"{name}={v}: refused")
+    return code
+
+
+def _units(v: int) -> Any:
+    """bench.host's slab slots: checked before the slabs are lent (`check_host_bytes`)."""
+    import torch
+
+    from experiments.bench import host
+    from experiments.common.app import kv
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(host, "check_host_bytes", _past)
+        return host.buffer_lines(kv(host.Options()) | {"units": v}, torch.device("cpu"), None, 1)  # type: ignore[arg-type]
+
+
+def _dict_check(module: str, fn: str, sentinel: str, cls: str = "Options", **given: Any) -> Any:
+    """`module.fn(kv(cls(**given)) | {name: v})`, its step after the checks `sentinel`."""
+
+    def field(name: str) -> Callable[[int], Any]:
+        def check(v: int) -> Any:
+            from experiments.common.app import kv
+
+            mod = importlib.import_module(f"experiments.{module}")
+            owner = (
+                importlib.import_module("experiments.common.schema")
+                if cls.startswith("Bench")
+                else mod
+            )
+            opts = kv(getattr(owner, cls)(**given)) | {name: v}
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(*_target(mod, sentinel), _past)
+                return _said(name, v, getattr(mod, fn)(opts))
+
+        return check
+
+    return field
+
+
+def _opts_check(module: str, fn: str, sentinel: str, cls: str, **given: Any) -> Any:
+    """`module.fn(cls(**given, name=v))`, for a check that takes the options themselves."""
+
+    def field(name: str) -> Callable[[int], Any]:
+        def check(v: int) -> Any:
+            mod = importlib.import_module(f"experiments.{module}")
+            owner = (
+                importlib.import_module("experiments.common.schema")
+                if cls.startswith("Bench")
+                else mod
+            )
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(*_target(mod, sentinel), _past)
+                return _said(name, v, getattr(mod, fn)(getattr(owner, cls)(**(given | {name: v}))))
+
+        return check
+
+    return field
+
+
+_VALIDATE_LANES = _dict_check("validate_lanes", "report", "load_checkpoint", checkpoint="ck")
+_LANES = _dict_check("bench.lanes", "report", "reduced_spec")
+_ACCELERATE = _opts_check(
+    "bench.accelerate",
+    "checked",
+    "make_planner",
+    "BenchAccelerateOptions",
+    checkpoint="ck",
+    role="accelerate",  # its child's options too (acc_batch)
+    acc_batch=1,
+)
+_REAL = _opts_check(
+    "bench.real", "_checked", "pe.checked_routing", "BenchRealOptions", model="tiny", budget_gb=1
+)
+
+
+def _checks() -> dict[str, list[Callable[[int], Any]]]:
+    """Each field name of the table: the checks that take it (a command's, the spec's, a
+    planner's params'), each a call that raises where its value is refused."""
+    from experiments.common import int_ranges
+
+    checks: dict[str, list[Callable[[int], Any]]] = {}
+    for name in int_ranges._NONE_AT_0 & {
+        "dense_ffn_size",
+        "shared_ffn_size",
+        "kv_dim",
+        "attn_params",
+        "qk_head_dim",
+        "latent_expand_params",
+        "qk_rope_head_dim",
+        "q_lora_rank",
+        "disk_dtype_bytes",
+        "moe_layers",
+    }:
+        checks[name] = [_model(name)]
+    for name in ("sms", "comm_sms", "copy_sms"):
+        checks[name] = [_gpu(name)]
+    for name in ("n", "hot_k", "warmup_sequences", "disk_window", "disk_speculate"):
+        checks[f"planner.params.{name}"] = [_params("klotski", name)]
+    checks["n"] = [_REAL("n")]
+    checks["planner.params.guess_k"] = [_params("mixtral_offloading", "guess_k")]
+    for name in ("prefetch_distance", "history"):
+        checks[f"planner.params.{name}"] = [_params("moe_infinity", name)]
+    for name in ("batch_size", "n_batches", "prompt_len", "gen_len", "seed"):
+        checks[f"workload.{name}"] = [_workload(name)]
+    for name in ("slack_mb", "room_margin_mb", "host_room_mb"):
+        checks[name] = [_ACCELERATE(name)]
+    checks["slack_mb"].append(_REAL("slack_mb"))
+    checks["hot_experts"] = [_hot_experts]
+    for name in ("batch_size", "n_batches", "prompt_len", "gen_len"):
+        checks[name] = [_ACCELERATE(name)]
+        if name != "gen_len":
+            checks[name].append(_VALIDATE_LANES(name))
+        if name != "n_batches":
+            checks[name].append(_REAL(name))
+    checks["rows"] = [_LANES("rows")]
+    checks["acc_batch"] = [_ACCELERATE("acc_batch")]
+    checks["replica_slots"] = [_VALIDATE_LANES("replica_slots")]
+    checks["repeats"] = [_VALIDATE_LANES("repeats"), _LANES("repeats"), _ACCELERATE("repeats")]
+    checks["repeat"] = [_opts_check("bench.sim", "_main", "bench", "Options")("repeat")]
+    checks["disk_mb"] = [_dict_check("calibrate", "_calibrate_main", "as_float")("disk_mb")]
+    checks["units"] = [_units]
+    checks["seed"] = [
+        _opts_check("routing_stats", "_main", "output_file", "Options")("seed"),
+        _opts_check("make_checkpoint", "_write", "as_float", "Options", model="tiny", out="x")(
+            "seed"
+        ),
+    ]
+    checks["klotski_n"] = [_ACCELERATE("klotski_n")]
+    checks["klotski_attn"] = [_ACCELERATE("klotski_attn")]
+    checks["lanes"] = [_VALIDATE_LANES("lanes"), _LANES("lanes")]
+    return checks
+
+
+def _refuses(check: Callable[[int], Any], v: int) -> bool:
+    try:
+        check(v)
+    except _Accepted:
+        return False
+    except (MoepipeError, ValueError, TypeError):
+        return True
+    return False
+
+
+def test_every_int_range_in_the_table_is_its_checks_range(capsys: pytest.CaptureFixture) -> None:
+    """Class: the table of int fields' ranges (int_ranges), the words of a line for a value
+    omegaconf refuses by its type, was kept by hand, apart from the checks it speaks for. For
+    each of its fields, every check that takes it accepts its range's ends and refuses the
+    values just past them."""
+    from experiments.common import int_ranges
+
+    checks = _checks()
+    named = {key.rsplit(".", 1)[-1] for key in checks}
+    assert set(int_ranges._RANGES) | int_ranges._NONE_AT_0 <= named
+    wrong = []
+    for name, takers in checks.items():
+        low, high, _ = int_ranges.int_range(name)
+        for check in takers:
+            ends = [low - 1, low, *([] if high is None else [high, high + 1])]
+            said = {v: _refuses(check, v) for v in ends}
+            want = {v: v < low or (high is not None and v > high) for v in said}
+            if said != want:
+                wrong.append((name, getattr(check, "__qualname__", check), said))
+    assert not wrong, wrong
