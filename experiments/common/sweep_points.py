@@ -127,10 +127,11 @@ def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
 def _not_a_run(cfg: Any) -> None:
     """Refuse a sweep dir that is a run's folder (its summary.json or files.sha256, a single
     run's or one of a sweep's points): the sweep wrote its points and multirun.yaml beside
-    that run's result, and `collect` then refused the folder as a run's."""
+    that run's result, and `collect` then refused the folder as a run's; or a checkpoint's
+    folder, where they went in among the model's weights (as a run dir there is refused)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from core.args import RUN_FILES
+    from core.args import RUN_FILES, checkpoint_folder, checkpoint_folder_line
 
     HydraConfig.instance().set_config(cfg)
     try:
@@ -143,6 +144,8 @@ def _not_a_run(cfg: Any) -> None:
             f"hydra.sweep.dir={where}: a run's folder (its {held}), which the sweep's points "
             "would be written beside; pass hydra.sweep.dir= another folder"
         )
+    if checkpoint_folder(where):
+        raise MoepipeError(checkpoint_folder_line(where, "hydra.sweep.dir", "the sweep's"))
     _launcher_folder(cfg)
 
 

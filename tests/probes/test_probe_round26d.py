@@ -127,10 +127,11 @@ def test_collect_says_what_fixes_pyarrows_full_disk(
     ("module", "args"),
     [
         ("experiments.run", [*TINY, "hydra.run.dir=CK"]),
+        ("experiments.run", ["-m", *TINY, "workload.seed=0,1", "hydra.sweep.dir=CK"]),
         ("experiments.collect", ["dir=RUNS", "out=CK"]),
         ("experiments.report", ["dir=RUNS", "out=CK"]),
     ],
-    ids=["run", "collect", "report"],
+    ids=["run", "sweep", "collect", "report"],
 )
 def test_an_output_folder_holding_a_checkpoint_is_refused(
     tmp_path: Path, cli_here: Any, tiny_ckpt: Path, module: str, args: list[str]
