@@ -275,6 +275,15 @@ def _units(v: int) -> Any:
         return host.buffer_lines(kv(host.Options()) | {"units": v}, torch.device("cpu"), None, 1)  # type: ignore[arg-type]
 
 
+def _module_and_owner(module: str, cls: str) -> tuple[Any, Any]:
+    """The command's module `experiments.module`, and the module defining its options class
+    `cls` (the shared schema's for the benches' `Bench*` classes, else the command's own)."""
+    mod = importlib.import_module(f"experiments.{module}")
+    if cls.startswith("Bench"):
+        return mod, importlib.import_module("experiments.common.schema")
+    return mod, mod
+
+
 def _dict_check(module: str, fn: str, sentinel: str, cls: str = "Options", **given: Any) -> Any:
     """`module.fn(kv(cls(**given)) | {name: v})`, its step after the checks `sentinel`."""
 
@@ -282,12 +291,7 @@ def _dict_check(module: str, fn: str, sentinel: str, cls: str = "Options", **giv
         def check(v: int) -> Any:
             from experiments.common.app import kv
 
-            mod = importlib.import_module(f"experiments.{module}")
-            owner = (
-                importlib.import_module("experiments.common.schema")
-                if cls.startswith("Bench")
-                else mod
-            )
+            mod, owner = _module_and_owner(module, cls)
             opts = kv(getattr(owner, cls)(**given)) | {name: v}
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(*_target(mod, sentinel), _past)
@@ -303,12 +307,7 @@ def _opts_check(module: str, fn: str, sentinel: str, cls: str, **given: Any) -> 
 
     def field(name: str) -> Callable[[int], Any]:
         def check(v: int) -> Any:
-            mod = importlib.import_module(f"experiments.{module}")
-            owner = (
-                importlib.import_module("experiments.common.schema")
-                if cls.startswith("Bench")
-                else mod
-            )
+            mod, owner = _module_and_owner(module, cls)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(*_target(mod, sentinel), _past)
                 return _said(name, v, getattr(mod, fn)(getattr(owner, cls)(**(given | {name: v}))))
