@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import compress
 from operator import is_not
 from typing import TypeGuard, cast
 
@@ -162,7 +163,7 @@ class FlexGen(Planner):
             counts = view.counts.tolist()
             prev = s.prev if s.on else ()
             ids = em.expert_chain(step, layer, k, counts, expert_loads, last, prev, release=final)
-            used.update((em.out.ops[i].expert, i) for i in ids)
+            used.update(zip(compress(range(len(counts)), counts), ids, strict=True))
             if ids:
                 last = ids[-1]
                 if s.on:
