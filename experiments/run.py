@@ -284,13 +284,14 @@ def user_workload_knobs() -> tuple[str, set[str]]:
 
 def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -> dict:
     """A simulated run, written to `out_dir`; its summary."""
+    kept = _kept()  # where the simulator's streams go, not freed, as its result (kept_to_exit)
     if ep_inputs.block(cfg):  # held-out routing, training tables
         with ep_inputs.named_as_written(cfg, spec.planner):
             spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
-            result = simulate_run(spec, routing, on_planned=plan_accepted)
+            result = simulate_run(spec, routing, on_planned=plan_accepted, keep=kept)
         ep_inputs.annotate(result, cfg, spec, routing)
     else:
-        result = simulate_run(spec, on_planned=plan_accepted)
+        result = simulate_run(spec, on_planned=plan_accepted, keep=kept)
     write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
     kept_to_exit(result)
     return result.summary
@@ -300,14 +301,19 @@ def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -
 _KEPT: list[object] = []
 
 
+def _kept() -> list[object] | None:
+    """`_KEPT` where this process is a single run's command, else None."""
+    return _KEPT if experiments.AS_COMMAND and HydraConfig.get().mode == RunMode.RUN else None
+
+
 def kept_to_exit(result: object) -> None:
     """Keep a single run's result (its schedule's ops, its trace) to the command's end, which
     discards the process's memory whole: freeing the ops one by one took 0.03 s of a 178k-op
     run. The collector walks none of it (frozen, as the imports' objects are). A sweep's
     points, or a run in a process that goes on (a test's), are freed as they end."""
-    if experiments.AS_COMMAND and HydraConfig.get().mode == RunMode.RUN:
+    if (kept := _kept()) is not None:
         gc.freeze()
-        _KEPT.append(result)
+        kept.append(result)
 
 
 def first_read(cfg: DictConfig, spec: RunSpec) -> dict | None:

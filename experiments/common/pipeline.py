@@ -305,11 +305,13 @@ def simulate_run(
     routing: Routing | None = None,
     planner: Planner | None = None,
     on_planned: Callable[[], None] | None = None,
+    keep: list[object] | None = None,
 ) -> RunResult:
     """Plan, validate, simulate and summarise `spec`: sized here where no `routing` is given,
     else `spec` is the sized run the routing is of. `planner`: the run's (`sized_run`'s), which
     keeps its choices; else a new one. `on_planned`: called once its schedule is built, before
-    the simulation (a run's warnings, held till then, say what it will take up front)."""
+    the simulation (a run's warnings, held till then, say what it will take up front).
+    `keep`: `simulate_table`'s."""
     if routing is None:
         spec, planner = sized_run(spec, planner)
         routing = last_routing(spec.model, spec.workload)
@@ -322,7 +324,7 @@ def simulate_run(
         schedule = build_schedule(spec, routing, planner)
         if on_planned is not None:
             on_planned()
-        trace = simulate_table(schedule, spec.hardware)
+        trace = simulate_table(schedule, spec.hardware, keep)
         return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing))
 
 
@@ -358,14 +360,16 @@ def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
     return simulate_table(schedule, hardware).frame()
 
 
-def simulate_table(schedule: Schedule, hardware: HardwareSpec) -> TraceTable:
-    """`simulate_trace`'s columns, without pandas."""
+def simulate_table(
+    schedule: Schedule, hardware: HardwareSpec, keep: list[object] | None = None
+) -> TraceTable:
+    """`simulate_trace`'s columns, without pandas. `keep`: `simulate_times`'."""
     from sim.executor import simulate_times
 
     cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
     with gc_paused():
-        start, end, granted = simulate_times(schedule, cost, parts)
+        start, end, granted = simulate_times(schedule, cost, parts, keep)
     return trace_table(
         schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0], alloc_s=granted
     )

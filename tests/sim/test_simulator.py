@@ -375,3 +375,52 @@ def test_done_flags_are_a_list_of_bools():
 
     run = _Run(3, [])
     assert run.done == [False] * 3 and type(run.done) is list
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_a_run_leaves_nothing_for_the_cycle_collector(stuck):
+    """Once the simulation ends, its schedule and its streams are freed with their last
+    reference: no stream's generator, which never ends, is left in a cycle (its frame held its
+    own `send`) that kept them till the collector's next pass. A run stuck on memory (a
+    ScheduleError) lets them go as well."""
+    import gc
+    import weakref
+
+    h = hw(gpu_gb=1.0 if stuck else 2.0)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    load(b, "w", GB, alloc=True)
+    load(b, "w", GB, alloc=True)  # the GPU holds one: stuck
+    s = b.build()
+    gone = weakref.ref(s)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        if stuck:
+            with pytest.raises(ScheduleError):
+                simulate(s, CostModel(h))
+        else:
+            simulate(s, CostModel(h))
+        del s
+        assert gone() is None
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_a_run_kept_to_the_commands_end_keeps_its_streams_whole():
+    """`keep` (a single run's command, which ends without freeing its memory): the streams go
+    there as they are, none closed (freeing them costs a run's time for nothing)."""
+    from sim.executor import simulate_times
+
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("x", Resource.H2D)
+    load(b, "w", GB)
+    load(b, "x", GB)
+    keep: list[object] = []
+    start, end, _ = simulate_times(b.build(), CostModel(h), keep=keep)
+    assert end.tolist() == [1.0, 2.0]
+    (streams,) = keep
+    assert len(streams) == 2 and all(s.gi_frame is not None for s in streams)
