@@ -193,7 +193,8 @@ def _run_phases(spec: Any, planner: Any, out: Path | None, times: dict[str, floa
     routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
     schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing, planner))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
-    trace = _timed(times, "simulate", lambda: simulate_table(schedule, spec.hardware))
+    kept: list[object] = []  # the simulator's streams, kept unfreed as the command keeps them
+    trace = _timed(times, "simulate", lambda: simulate_table(schedule, spec.hardware, kept))
     summary = _timed(times, "summarize", lambda: summary_of(spec, schedule, trace, routing))
     if out is not None:
         _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))
