@@ -271,17 +271,6 @@ def _experts(c: HFConfig, key: str) -> dict[str, int]:
     return dict(n_experts=n, top_k=k)
 
 
-def _some_moe(c: HFConfig, moe: tuple[int, ...], n: int, *by: str) -> tuple[int, ...]:
-    """`moe`, refused where empty: `by`, the fields that chose it ("a=1", "b=2"), said."""
-    if not moe:
-        said = " and ".join(by)
-        raise c.error(
-            f"{said} {'leaves' if len(by) == 1 else 'leave'} no MoE layer among "
-            f"num_hidden_layers={n}"
-        )
-    return moe
-
-
 def _dense_size(c: HFConfig, moe: tuple[int, ...], n: int) -> int:
     """intermediate_size of the dense layers' FFN, needed only where some layer has no experts
     (absent: the family's default in transformers)."""
@@ -318,10 +307,8 @@ def _qwen_layers(c: HFConfig, n: int) -> tuple[int, ...]:
             f"mlp_only_layers={sorted(dense_only)} names layer {past[0]}, past the model's "
             f"num_hidden_layers={n} (layers 0..{n - 1}); list layers of this model only"
         )
-    moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
-    by = [f"decoder_sparse_step={step}"] * (step != 1)  # the fields that leave layers dense
-    by += [f"mlp_only_layers={sorted(dense_only)}"] * bool(dense_only)
-    return _some_moe(c, moe, n, *by)
+    # none: a dense model, as transformers runs it
+    return tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
 
 
 def _qwen_fields(c: HFConfig) -> dict[str, Any]:
@@ -393,9 +380,7 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
     DeepSeek's modeling code; 1 in V2 and V2-Lite), MLA attention, shared experts."""
     n = c.get("num_hidden_layers")
     first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
-    moe = tuple(i for i in range(first, n) if i % freq == 0)
-    by = [f"first_k_dense_replace={first}"] * bool(first) + [f"moe_layer_freq={freq}"] * (freq != 1)
-    _some_moe(c, moe, n, *by)  # the fields that leave layers dense
+    moe = tuple(i for i in range(first, n) if i % freq == 0)  # none: a dense model
     if "n_shared_experts" not in c.fields:  # the two references disagree: the file must say
         raise c.error(
             "n_shared_experts is missing: transformers' DeepseekV2Config takes 2 and DeepSeek's "
@@ -410,7 +395,7 @@ def _deepseek_v3_fields(c: HFConfig) -> dict[str, Any]:
     experts (absent: transformers' 1); its FFNs have no biases (no mlp_bias in its class)."""
     n = c.get("num_hidden_layers")
     first = c.get("first_k_dense_replace")  # absent: transformers' 3
-    moe = _some_moe(c, tuple(range(first, n)), n, f"first_k_dense_replace={first}")
+    moe = tuple(range(first, n))  # none: a dense model, as transformers runs it
     absent = "n_shared_experts" not in c.fields
     shared = c.get("n_shared_experts") if absent else c.get("n_shared_experts", 0) or 0
     return _deepseek_fields(c, n, moe, shared)
@@ -420,18 +405,10 @@ def _deepseek_fields(c: HFConfig, n: int, moe: tuple[int, ...], shared: int) -> 
     """The fields DeepSeek-V2 and V3 share: MLA attention sized by config.json, `shared`
     shared experts of moe_intermediate_size each, routed experts, attention_bias."""
     hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
-    kv_heads = c.get("num_key_value_heads", heads)  # absent or null: the heads
-    if kv_heads != heads:  # transformers repeats MLA's per-head keys by heads / kv heads
-        raise c.error(
-            f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; MLA "
-            f"expands its latent to one key/value head per query head (transformers' "
-            f"{ARCH_PREFIX[c.family]} repeats them by the ratio: its eager attention fails, its "
-            "sdpa ignores the field only where v_head_dim is qk_nope_head_dim + qk_rope_head_dim)"
-            ": set it to num_attention_heads"
-        )
     m = {
         k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
     }
+    _mla_key_value_heads(c, heads, m["qk_nope_head_dim"] + m["qk_rope_head_dim"], m["v_head_dim"])
     # absent: 1536 in transformers' class and DeepSeek's own (null: none, as V2-Lite ships)
     m["q_lora_rank"] = c.get("q_lora_rank", 1536 if "q_lora_rank" not in c.fields else 0)
     expert = c.get("moe_intermediate_size")
@@ -453,6 +430,23 @@ def _deepseek_fields(c: HFConfig, n: int, moe: tuple[int, ...], shared: int) -> 
         rms_norm_eps=c.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta_of(c, ROPE_THETA[c.family]),
     )
+
+
+def _mla_key_value_heads(c: HFConfig, heads: int, qk: int, v: int) -> None:
+    """num_key_value_heads of MLA, which expands its latent to one key/value head a query head
+    (DeepSeek's modeling_deepseek.py never reads the field). transformers' classes repeat those
+    heads by heads // num_key_value_heads: at a ratio of 1 or less, and in its default sdpa
+    attention wherever key and value heads are one width (at most 256, enable_gqa on as many
+    key/value heads as queries), that is MLA itself, which moepipe runs; elsewhere transformers
+    fails, refused."""
+    kv_heads = c.get("num_key_value_heads", heads)  # absent or null: the heads
+    if heads // kv_heads > 1 and not qk == v <= 256:
+        raise c.error(
+            f"num_key_value_heads={kv_heads} with num_attention_heads={heads} and "
+            f"v_head_dim={v} != qk_nope_head_dim + qk_rope_head_dim={qk}: transformers' "
+            f"{ARCH_PREFIX[c.family]} fails on it (it repeats MLA's {heads} key/value heads by "
+            f"{heads // kv_heads}); MLA has one a query head: set it to num_attention_heads"
+        )
 
 
 def _switch_fields(c: HFConfig) -> dict[str, Any]:

@@ -123,7 +123,7 @@ REFUSED = [
     ({"n_group": 8, "topk_group": 1}, "n_group=8 leaves fewer than 2 experts a group"),
     ({"n_group": None}, "n_group is null: DeepSeek-V3's router always groups its experts"),
     ({"topk_group": None}, "topk_group is null: DeepSeek-V3's router always groups"),
-    ({"num_key_value_heads": 2}, "num_key_value_heads=2 differs from num_attention_heads=4"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads=2 with num_attention_heads=4 and v_"),
 ]
 
 
