@@ -1,7 +1,8 @@
 """The RoPE object's (`rope_scaling` / `rope_parameters`) relations that transformers' rope
 validation only warns about, refused when config.json is read: a key its type does not take, a
-scaling field without a type, `type` and `rope_type` that disagree, a factor below 1, beta_fast
-below beta_slow, llama3's high_freq_factor not above low_freq_factor."""
+scaling field without a type, `type` and `rope_type` that disagree, a factor below 1 (but for the
+types that divide every frequency by it), beta_fast below beta_slow, llama3's high_freq_factor not
+above low_freq_factor."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ _SCALING = frozenset().union(*TYPE_KEYS.values()) - _ANY
 # mscale_all_dim)^2 under any scaled type (transformers' yarn_apply_mscale), so these types
 # take it there too; longrope and proportional, where that fails or moepipe does not, do not
 _MLA_KEYS = {k: frozenset({"mscale_all_dim"}) for k in ("linear", "dynamic", "llama3")}
+# the types whose factor divides every frequency, and nothing else: below 1 they rotate faster,
+# which transformers warns about and runs
+_DIVIDE = frozenset({"linear", "proportional"})
 # keys no family reads (multimodal RoPE's): transformers' logits are the same
 _QUIET = frozenset(k for k, (how, _) in ROPE_COVERAGE.items() if how == NO_EFFECT)
 
@@ -70,12 +74,12 @@ def check_rope(p: HFConfig, family: str) -> None:
             f"{key}.{quoted(unknown[0])} is not a key of {kind} RoPE; it takes "
             f"{', '.join(sorted(takes))}: remove or rename it"
         )
-    _check_values(p, key)
+    _check_values(p, key, kind)
 
 
-def _check_values(p: HFConfig, key: str) -> None:
+def _check_values(p: HFConfig, key: str, kind: str) -> None:
     factor = p.fields.get("factor")
-    if factor is not None and factor < 1:
+    if factor is not None and factor < 1 and kind not in _DIVIDE:
         raise p.error(
             f"{key}.factor={factor} must be >= 1 (the context's stretch); set the model's own"
         )

@@ -128,7 +128,7 @@ _SWITCH = spec_to_hf_config(reduced_spec("switch-base-128"))
 @pytest.mark.parametrize(
     ("base", "fields", "fix"),
     [
-        (_DEEPSEEK, {"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "set the model's"),
+        (_DEEPSEEK, {"rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}, "set the model's"),
         (_DEEPSEEK, _GROUPS | {"n_group": 3}, "set n_group"),
         (_DEEPSEEK, _GROUPS | {"topk_group": 99}, "set it <="),
         (_SWITCH, {"num_layers": 1, "encoder_sparse_step": 2}, "set it to 1"),
