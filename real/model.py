@@ -265,15 +265,15 @@ class Model:
                 weights = forced_weights.to(logits.device).float()
             return x, ids, weights
         if forced_ids is None:
-            ids = softmax_top_k(logits, self.spec.top_k, self.expert_groups)
+            ids, probs = softmax_top_k(logits, self.spec.top_k, self.expert_groups)
         else:
-            ids = forced_ids.to(logits.device).long()
+            ids, probs = forced_ids.to(logits.device).long(), torch.softmax(logits, dim=-1)
         if forced_weights is not None:
             return x, ids, forced_weights.to(logits.device).float()
         if self.spec.family == "mixtral":  # HF's MixtralTopKRouter: top-k probs over their sum
-            top = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
+            top = probs.gather(-1, ids)  # [T, k]
             return x, ids, top / top.sum(-1, keepdim=True)
-        weights = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
+        weights = probs.gather(-1, ids)  # [T, k]
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         elif self.routed_scaling != 1.0:  # DeepSeek's MoEGate: scaled where not renormalised
@@ -472,6 +472,9 @@ def forward_step(
         used_ids.append(ids.view(b, n, -1))
         used_w.append(weights.view(b, n, -1))
     logits = model.head(units[Unit(Tensor.HEAD)], hidden)
+    if not used_ids:  # a dense model (no MoE layer): a routing of 0 layers
+        none = (b, n, 0, s.top_k)
+        return logits, torch.zeros(none, dtype=torch.long), torch.zeros(none)
     return logits, torch.stack(used_ids, dim=2), torch.stack(used_w, dim=2)
 
 

@@ -9,19 +9,24 @@ from __future__ import annotations
 import torch
 
 
-def softmax_top_k(logits: torch.Tensor, k: int, groups: tuple[int, int] | None) -> torch.Tensor:
-    """A softmax router's choice: logits [T, E] -> expert ids [T, k]. With expert groups
-    (n_group G, E / G experts each, topk_group kept), from the kept groups of the highest best
-    probability, the others' probabilities zeroed, as transformers' DeepseekV2TopkRouter does."""
-    if groups is None:
-        return logits.topk(k, dim=-1).indices
-    n_group, keep = groups
+def softmax_top_k(
+    logits: torch.Tensor, k: int, groups: tuple[int, int] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax router's choice: logits [T, E] -> (expert ids [T, k], probabilities [T, E]).
+    With expert groups (n_group G, E / G experts each, topk_group kept), from the kept groups
+    of the highest best probability, the others' probabilities zeroed, as transformers'
+    DeepseekV2TopkRouter does: a top-k past the kept groups' experts takes experts of weight 0
+    there (which, a tie at 0, does not change the layer's output)."""
     probs = torch.softmax(logits, dim=-1)  # [T, E]
+    if groups is None:
+        return logits.topk(k, dim=-1).indices, probs
+    n_group, keep = groups
     best = probs.view(len(probs), n_group, -1).amax(-1)  # [T, G]
     chosen = torch.zeros_like(best, dtype=torch.bool)
     chosen.scatter_(1, best.topk(keep, dim=-1).indices, True)  # [T, G]
     allowed = chosen.repeat_interleave(probs.shape[-1] // n_group, dim=1)  # [T, E]
-    return probs.masked_fill(~allowed, 0.0).topk(k, dim=-1).indices
+    kept = probs.masked_fill(~allowed, 0.0)
+    return kept.topk(k, dim=-1).indices, kept
 
 
 def sigmoid_route(

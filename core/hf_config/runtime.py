@@ -133,10 +133,15 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
             f"n_group={groups} leaves fewer than 2 experts a group; DeepSeek-V3 ranks a group "
             "by its best two (transformers fails too): lower n_group"
         )
-    if spec.top_k > keep * (spec.n_experts // groups):
+    # V2 zeroes the other groups' scores: a top-k past the kept experts takes some of weight 0
+    # (which, a tie, changes nothing); V3 masks them to -inf and weighs the ones it takes by
+    # their scores, which torch.topk picks among -inf ties in an order it does not define
+    if v3 and spec.top_k > keep * (spec.n_experts // groups):
         raise c.error(
             f"num_experts_per_tok={spec.top_k} exceeds the {keep * spec.n_experts // groups} "
-            f"experts of topk_group={keep} groups; raise topk_group"
+            f"experts of topk_group={keep} groups: transformers' DeepseekV3 router then takes "
+            "experts of the dropped groups, tied at -inf, in an order torch.topk leaves "
+            "undefined, and weighs them by their scores; raise topk_group"
         )
     return groups, keep
 
