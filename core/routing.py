@@ -121,6 +121,8 @@ class Routing:
         n, bs, e = workload.n_batches, workload.batch_size, self.n_experts
         n_layers, k = self.n_moe_layers, self.top_k
         out = np.zeros((workload.n_steps, n_layers, n, e), dtype=np.int32)
+        if not n_layers:  # a dense model: nothing routed
+            return out
         # [n, 1, L, 1] each (batch, layer)'s first bin: one pass turns int16 ids into bins
         first = np.arange(n_layers)[None, None, :, None] * n + np.arange(n)[:, None, None, None]
         first = (first * e).astype(np.intp)

@@ -190,8 +190,6 @@ class ModelSpec:
                 f"model {self.name}: top_k={self.top_k} exceeds n_experts={self.n_experts}; "
                 "set model.top_k <= model.n_experts"
             )
-        if not self.moe_layers:
-            raise ConfigError(f"model {self.name}: moe_layers is empty; list at least one layer")
         bad = [i for i in self.moe_layers if not 0 <= i < self.n_layers]
         if bad or len(set(self.moe_layers)) != len(self.moe_layers):
             raise ConfigError(

@@ -193,6 +193,9 @@ def draw(
     """
     if top_k > n_experts:
         raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}; pass top_k <= n_experts")
+    if not n_layers:  # a dense model: nothing routed
+        shape = (n_sequences, n_positions, 0, top_k)
+        return np.empty(shape, np.int16), lambda: np.empty(shape, np.float32)
     pop = popularity(cfg, n_layers, n_experts, seed)  # [L, E]
     tables = _Tables(
         pop_lut=_lut(pop, _Q),

@@ -246,7 +246,7 @@ def _resident_experts(
     moe_layers: tuple[int, ...], n_experts: int, budget: int
 ) -> dict[int, set[int]]:
     """`budget` experts spread evenly over layers (earlier layers take the remainder)."""
-    per, extra = divmod(max(budget, 0), len(moe_layers))
+    per, extra = divmod(max(budget, 0), max(len(moe_layers), 1))  # a dense model: none
     return {
         layer: set(range(min(per + (i < extra), n_experts))) for i, layer in enumerate(moe_layers)
     }

@@ -88,7 +88,7 @@ class MixtralOffloading(Planner):
 
         placement, cache_bytes = sized_cache(ctx, p.cache_share, n_moe * m.expert_bytes, short)
         em = Emitter(ctx, out, placement)
-        slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
+        slots = min(cache_bytes // m.expert_bytes // max(n_moe, 1), m.n_experts)
         run = _Run(
             em,
             {layer: LRUCache(em, slots) for layer in m.moe_layers},

@@ -43,7 +43,8 @@ class ExpertTable:
     @classmethod
     def fit(cls, ids: np.ndarray, n_experts: int, source: str = "") -> ExpertTable:
         """Count a warm-up routing: ids [T, L, k] (or [S, P, L, k]) expert ids per token."""
-        ids = np.asarray(ids).reshape(-1, *np.shape(ids)[-2:])  # [T, L, k]
+        ids = np.asarray(ids)
+        ids = ids.reshape(-1 if ids.size else 0, *ids.shape[-2:])  # [T, L, k]
         table = cls.empty(ids.shape[1], n_experts, source)
         for layer in range(ids.shape[1]):
             table.observe(layer, ids[:, layer - 1] if layer else None, ids[:, layer])

@@ -209,26 +209,6 @@ def test_a_width_0_shared_experts_bias_is_refused(prompt, tmp_path):
     assert_transformers(ckpt, hf, prompt, "f32")
 
 
-def test_mla_key_value_heads_refusal_says_what_transformers_does(prompt, tmp_path):
-    """num_key_value_heads below num_attention_heads in DeepSeek-V3: transformers' sdpa runs it
-    as if they were equal where v_head_dim is qk_nope_head_dim + qk_rope_head_dim, its eager
-    attention fails. moepipe refuses it naming the field, and its line no longer says
-    transformers fails on any other count."""
-    fields = TINY | {"v_head_dim": 24}  # 16 + 8
-    _, equal = save_cast("deepseek_v3", fields, tmp_path / "four", F32, F32, randomise)
-    fields |= {"num_key_value_heads": 2}
-    ckpt, hf = save_cast("deepseek_v3", fields, tmp_path / "two", F32, F32, randomise)
-    out, equal_out = hf_generate_out(hf, prompt, GEN), hf_generate_out(equal, prompt, GEN)
-    assert torch.equal(out.logits[-1], equal_out.logits[-1])
-    cls = transformers.AutoModelForCausalLM
-    eager = cls.from_pretrained(ckpt, dtype=F32, attn_implementation="eager").eval()
-    with pytest.raises(RuntimeError, match="must match the size"):
-        hf_generate_out(eager, prompt, GEN)
-    with pytest.raises(ConfigError, match="its eager attention fails, its sdpa ignores") as e:
-        reference_generate(ckpt, prompt, GEN)
-    assert "\n" not in str(e.value) and "num_key_value_heads=2" in str(e.value)
-
-
 # top-4 of Qwen3-MoE (its top-2 at this width sums alike both ways)
 HALF = {"mixtral": TINY, "qwen3_moe": TINY | {"num_experts_per_tok": 4, "norm_topk_prob": True}}
 

@@ -1,0 +1,157 @@
+"""Round 27 (issue 48): what round 26's seeded sweep left refused though transformers 5.24 runs
+it, now run as transformers does, or refused where transformers' own result is not defined.
+
+- DeepSeek MLA with num_key_value_heads below num_attention_heads: transformers' default sdpa
+  attention runs it as MLA itself (one key/value head a query head) wherever key and value
+  heads are one width, and fails elsewhere (so does its eager attention, always).
+- A linear (or proportional) RoPE factor below 1: transformers warns and runs it.
+- A layer layout with no MoE layer (first_k_dense_replace past the layers, mlp_only_layers over
+  all of them, decoder_sparse_step past them): a dense model, which every planner runs.
+- DeepSeek-V2's group_limited_greedy with a top-k past the kept groups' experts: the others
+  are taken at weight 0, which changes nothing; DeepSeek-V3's takes experts tied at -inf in an
+  order torch.topk does not define, weighed by their scores: refused, saying so.
+
+Usage: python -m pytest -q tests/real/test_hf_parity_round27.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from real.checkpoint import load_checkpoint
+from real.model import reference_generate
+from tests.real.test_hf_parity import GEN, hf_generate_out
+from tests.real.test_hf_parity_fields import assert_transformers, save_cast
+from tests.real.test_hf_parity_round10 import randomise
+
+transformers = pytest.importorskip("transformers")
+
+TINY = {"hidden_size": 32}  # test_hf_parity's families at half width: 4 heads, 16 + 8 qk dims
+F32 = torch.float32
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_mla_with_fewer_key_value_heads_runs_as_transformers_sdpa(family, prompt, tmp_path):
+    """num_key_value_heads=2 of 4 heads, v_head_dim 24 = qk_nope_head_dim + qk_rope_head_dim:
+    transformers' sdpa runs one key/value head a query head (as with 4); moepipe does too.
+    Before: refused. At v_head_dim 16, transformers fails, and moepipe refuses in one line
+    saying so."""
+    fields = TINY | {"v_head_dim": 24, "num_key_value_heads": 2}
+    ckpt, hf = save_cast(family, fields, tmp_path / "v24", F32, F32, randomise)
+    assert_transformers(ckpt, hf, prompt, "f32")
+    fields = TINY | {"v_head_dim": 16, "num_key_value_heads": 2}
+    ckpt, hf = save_cast(family, fields, tmp_path / "v16", F32, F32, randomise)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        hf_generate_out(hf, prompt, GEN)
+    with pytest.raises(ConfigError, match="v_head_dim=16 != qk_nope_head_dim") as e:
+        reference_generate(ckpt, prompt, GEN)
+    assert "\n" not in str(e.value) and "num_key_value_heads=2" in str(e.value)
+    assert "transformers' " in str(e.value) and "fails on it" in str(e.value)
+
+
+SLOWER = [
+    ("mixtral", {"rope_type": "linear", "factor": 0.5, "rope_theta": 1e4}),
+    ("deepseek_v3", {"rope_type": "linear", "factor": 0.5, "mscale_all_dim": 0.7}),
+    ("mixtral", {"rope_type": "proportional", "factor": 0.25, "partial_rotary_factor": 0.5}),
+]
+
+
+@pytest.mark.parametrize(("family", "rope"), SLOWER, ids=["linear", "mla_mscale", "proportional"])
+def test_a_dividing_rope_factor_below_1_runs_as_transformers(family, rope, prompt, tmp_path):
+    """A factor below 1 of RoPE types that divide each frequency by it (positions rotate
+    faster): transformers warns and runs it, and so does moepipe. Before: refused ("must be
+    >= 1")."""
+    fields = TINY | {"rope_parameters": {"rope_theta": 1e4} | rope}
+    ckpt, hf = save_cast(family, fields, tmp_path / family, F32, F32, randomise)
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_a_scaling_rope_factor_below_1_is_still_refused(prompt, tmp_path):
+    """yarn's factor below 1 stays refused (its ramp and mscale assume a stretch)."""
+    rope = {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8}
+    fields = TINY | {"rope_parameters": {"rope_theta": 1e4} | rope}
+    ckpt, _ = save_cast("mixtral", fields, tmp_path / "yarn", F32, F32)
+    with pytest.raises(ConfigError, match=r"factor=0.5 must be >= 1"):
+        reference_generate(ckpt, prompt, GEN)
+
+
+# a layout of 2 layers with no MoE layer, a family's way
+DENSE: dict[str, tuple[str, dict[str, Any]]] = {
+    "v2_first_k": ("deepseek_v2", {"first_k_dense_replace": 2}),
+    "v3_first_k_past": ("deepseek_v3", {"first_k_dense_replace": 5}),
+    "qwen2_mlp_only": ("qwen2_moe", {"mlp_only_layers": [0, 1]}),
+    "qwen3_sparse_step": ("qwen3_moe", {"decoder_sparse_step": 3}),
+}
+
+
+@pytest.mark.parametrize("case", DENSE)
+def test_a_layout_with_no_moe_layer_runs_as_a_dense_model(case, prompt, tmp_path):
+    """transformers runs a dense model; moepipe now reads one (no MoE layer) and matches it.
+    Before: refused ("leaves no MoE layer among num_hidden_layers=2")."""
+    family, fields = DENSE[case]
+    ckpt, hf = save_cast(family, TINY | fields, tmp_path / case, F32, F32, randomise)
+    assert load_checkpoint(ckpt)[0].moe_layers == ()
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def _planners() -> list[str]:
+    from planners.registry import planner_names
+
+    return planner_names()
+
+
+@pytest.mark.parametrize("planner", _planners())
+def test_every_planner_runs_a_dense_model(planner, tmp_path_factory):
+    """Each planner's real run (oracle_replication: simulated, it replays only) of a dense
+    DeepSeek-V3 equals transformers' greedy tokens and logits within 1e-4. Before: a
+    traceback in the synthetic routing, the routing counts, fiddler's and
+    mixtral_offloading's per-layer shares and klotski's prefetch table (all divided or
+    reshaped by 0 MoE layers)."""
+    from experiments.common.pipeline import RunSpec, simulate_run
+    from experiments.common.real_run import prompts_for, real_execute
+    from tests.conftest import RESIDENT
+    from tests.real.test_executor import FIDDLER, OFFLOAD, REPLAY_ONLY, RESIDENT_2GPU, WORKLOAD
+
+    root = tmp_path_factory.getbasetemp() / "round27-dense"
+    ckpt, hf = root, None
+    if not (root / "config.json").exists():
+        save_cast("deepseek_v3", TINY | {"first_k_dense_replace": 2}, root, F32, F32, randomise)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(root, dtype=F32).eval()
+    model, _ = load_checkpoint(ckpt)
+    hw = RESIDENT_2GPU if planner in RESIDENT else FIDDLER if planner == "fiddler" else OFFLOAD
+    spec = RunSpec(model, hw, WORKLOAD, planner)
+    if planner in REPLAY_ONLY:
+        assert simulate_run(spec).summary["tokens_generated"] > 0
+        return
+    result, out = real_execute(ckpt, spec, "live")
+    wl = WORKLOAD.with_(n_batches=result.summary["n_batches"])
+    prompts = prompts_for(model, wl)
+    hf_out = hf_generate_out(hf, prompts, wl.gen_len)
+    assert torch.equal(out.tokens, hf_out.sequences[:, prompts.shape[1] :])
+    torch.testing.assert_close(out.logits, hf_out.logits[-1].float(), atol=1e-4, rtol=0)
+
+
+GROUPS = {"n_group": 4, "topk_group": 1, "num_experts_per_tok": 4}  # 2 experts kept, top-4
+
+
+def test_v2_top_k_past_the_kept_groups_runs_as_transformers(prompt, tmp_path):
+    """DeepSeek-V2's group_limited_greedy, top-4 of 8 experts from 1 of 4 groups (2 experts):
+    transformers zeroes the dropped groups' scores, so 2 of the 4 it takes weigh 0; moepipe
+    weighs them 0 too. Before: refused ("exceeds the 2 experts of topk_group=1 groups")."""
+    fields = TINY | GROUPS | {"topk_method": "group_limited_greedy"}
+    ckpt, hf = save_cast("deepseek_v2", fields, tmp_path / "v2", F32, F32, randomise)
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_v3_top_k_past_the_kept_groups_is_refused_saying_why(prompt, tmp_path):
+    """DeepSeek-V3's router masks the dropped groups to -inf and weighs what it takes by the
+    unmasked scores: which of the tied experts it takes is torch.topk's undefined order. The
+    refusal says so in one line."""
+    ckpt, _ = save_cast("deepseek_v3", TINY | GROUPS, tmp_path / "v3", F32, F32, randomise)
+    with pytest.raises(ConfigError, match="order torch.topk leaves undefined") as e:
+        reference_generate(ckpt, prompt, GEN)
+    assert "\n" not in str(e.value) and "num_experts_per_tok=4" in str(e.value)
