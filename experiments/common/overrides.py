@@ -20,7 +20,13 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
-from experiments.common.path_values import comma_in_path, is_path_key, quoted_path, shell_arg
+from experiments.common.path_values import (
+    comma_in_path,
+    control_line,
+    is_path_key,
+    quoted_path,
+    shell_arg,
+)
 from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
@@ -140,6 +146,9 @@ def check_hydra_overrides(
     0 or beyond what this machine's cores can run."""
 
     for o in overrides:
+        control = control_line(o, _grammars)
+        if control is not None:
+            raise MoepipeError(control)
         key, sep, value = o.partition("=")
         if sep and not key.strip("+~"):
             raise MoepipeError(f"{o}: an override needs a key; pass key=value (see --help)")
@@ -378,6 +387,15 @@ def _quoted(key: str, value: str) -> str | None:
     shown = f"{key}={value}".replace("\n", "\\n").replace("\r", "\\r")
     fix = shell_arg(fix).replace("\n", "\\n").replace("\r", "\\r")
     return f"{shown}: a value holding {bad!r} must be quoted: {fix}{home}"
+
+
+def _grammars(override: str) -> str:
+    """`override` as hydra's grammar takes it: its value quoted where it holds a character
+    hydra reads as its own (`#`, `;`, a quote), as `_quoted`'s fix has it."""
+    key, sep, value = override.partition("=")
+    if not sep or value.startswith("[") or not any(c in value for c in _UNQUOTABLE):
+        return override
+    return quoted_path(key, value)
 
 
 def _items(text: str) -> list[str]:

@@ -106,7 +106,7 @@ def test_a_misspelt_param_added_with_plus_gets_a_did_you_mean() -> None:
     ("module", "arg", "words"),
     [
         ("experiments.collect", "out=~/x", ["out='~/x'", "~ is not expanded"]),
-        ("experiments.make_checkpoint", "out=a\nb", ["out='a\\nb'", "'\\n'"]),
+        ("experiments.make_checkpoint", "out=a;b", ["out='a;b'"]),
         ("experiments.trace_json", "runs=[~/a,/b]", ["runs=['~/a','/b']"]),
         ("experiments.report", "dir=x;y", ["dir='x;y'"]),
         ("experiments.run", "hydra.run.dir=a#b", ["hydra.run.dir='a#b'"]),
