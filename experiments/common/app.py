@@ -60,6 +60,7 @@ from experiments.common.path_values import comma_in_item
 from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
 from experiments.common.run_dir_args import quoted_run_dirs
+from experiments.common.typed_values import set_typed
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
@@ -463,6 +464,7 @@ def _checked_args(
     config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
     user_dirs = [*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))]
     hydra_errors.USER_DIRS[:] = user_dirs  # where a line about a file of theirs reads it
+    set_typed(overrides)  # a line shows a value as typed, not omegaconf's
     check_conf_dirs(user_dirs, overrides, conf_dir)
     check_planner_files([conf_dir, *user_dirs])
     refuse_group_as_config(flags, [conf_dir, *config_dirs])

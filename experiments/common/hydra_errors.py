@@ -31,6 +31,7 @@ from experiments.common.int_ranges import (
     whole_float,
 )
 from experiments.common.path_values import literal_dollar
+from experiments.common.typed_values import as_typed
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FIX_VALUE = "fix that value in the config or override"  # a value that does not resolve
@@ -388,25 +389,26 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         need = _KINDS.get(wrong.group(1), wrong.group(1))
         return f"{key}: a mapping where {need} belongs{at}; pass {key}=<{need}>"
     wrong = re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    given = as_typed(key, wrong.group(1), at) if wrong else ""
     if wrong and non_finite(wrong.group(1)):  # YAML's .inf, or inf for a whole number
         need = _KINDS.get(wrong.group(2), wrong.group(2))  # in check_finite's words
-        return f"{key} must be a finite number, got {wrong.group(1)}{at}; pass {key}=<{need}>"
+        return f"{key} must be a finite number, got {given}{at}; pass {key}=<{need}>"
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         whole = whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
         low, high, _ = int_range(key)
         if whole is not None and low <= whole <= (whole if high is None else high):  # 1e9
-            return f"{key}={wrong.group(1)}: an integer written as a float{at}; pass {key}={whole}"
+            return f"{key}={given}: an integer written as a float{at}; pass {key}={whole}"
         unit = unit_given(key, wrong.group(1))
         if unit:  # "16GB": the unit is in the key's name, the value a bare number
             need = range_words(key) if wrong.group(2) == "Integer" else need
             return (
-                f"{key}={wrong.group(1)}: must be {need}{at}; the unit is {unit}, as the key's "
+                f"{key}={given}: must be {need}{at}; the unit is {unit}, as the key's "
                 f"name says: pass {key}=<a number in {unit}>, without a unit"
             )
         if wrong.group(2) == "Integer":  # 2.5, 1e300, abc: the range its own check says
-            return int_field_line(key, wrong.group(1), at)
-        return f"{key}={wrong.group(1)}: must be {need}{at}; pass {key}=<{need}>"
+            return int_field_line(key, given, at)
+        return f"{key}={given}: must be {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
         need = _KINDS.get(wrong.group(2), wrong.group(2))
@@ -423,7 +425,8 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
     if wrong:
-        return f"{key}={wrong.group(1)}: must be true or false{at}; pass {key}=true or false"
+        given = as_typed(key, wrong.group(1), at)
+        return f"{key}={given}: must be true or false{at}; pass {key}=true or false"
     wrong = re.search(r"Cannot assign (\w+) to (\w+)", text)
     if wrong:  # `sources: 5` in a user's YAML, where a mapping belongs
         need = _KINDS.get(wrong.group(2), wrong.group(2))

@@ -266,7 +266,10 @@ def say_error(line: str) -> None:
     """`line` (`error: ...`) on stderr as a rank of a launch says it: in torchrun's error file
     (`record_error`), and printed once a launch, under torchrun's agent by the first rank to say
     (`say_first`), elsewhere by rank 0, a rank other than 0 printing only a line that names it.
-    Outside a launch, printed."""
+    Outside a launch, printed. A number an override gave is shown as typed (`with_typed`)."""
+    from experiments.common.typed_values import with_typed
+
+    line = with_typed(line)
     record_error(line)  # every rank's, for torchrun's report of the failed ranks
     rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     other = rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)

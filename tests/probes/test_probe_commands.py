@@ -356,7 +356,7 @@ def test_a_command_started_by_another_keeps_tracebacks_off() -> None:
         (["seed=100000000000000000000"], ["seed=", "64-bit"]),
         (["n_experts=1000000"], ["n_experts=1000000", "at most 32767"]),
         (["n_layers=100000"], ["GB", "free"]),
-        (["scale=1e308"], ["scale=1e+308", "inf", "pass scale in ["]),
+        (["scale=1e308"], ["scale=1e308", "inf", "pass scale in ["]),
         (["model=/nonexistent/m.yaml"], ["model=/nonexistent/m.yaml: no such file"]),
         # set, then dropped unread: a run names the model after its folder, and a Mixtral
         # config.json has no dense FFN size (every layer holds experts)

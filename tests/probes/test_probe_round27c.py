@@ -1,4 +1,7 @@
 """Round 27c of issue 48: the lines and ranges left from rounds 26c and 26f, one class a group:
+1. a value refused on the command line was shown in omegaconf's or Python's form (`disk_mb=
+   1e+300`, `n_gpus=1e+09`), not as typed (`1e300`, `1000000000`): a user could not find it
+   in their command. A number an override gave is shown as typed, in every line.
 2. a newline (or a tab, any control character) inside an override (bash's $'...', a line
    break pasted into the command) gave a fix holding `\\n`, which pasted is the two characters
    \\ and n, not the newline. Such an override is one line saying what it holds, with a fix
@@ -14,10 +17,46 @@ from typing import Any
 
 import pytest
 
+from experiments.common import typed_values as hydra_errors
 from tests.probes.conftest import one_line
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 NOWHERE = "hydra.run.dir=/nonexistent/r27c"
+
+# --- 1. a refused value shown as typed ---
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "said"),
+    [
+        ("experiments.calibrate", ["disk_mb=1e300", NOWHERE], "disk_mb=1e300: must be"),
+        ("experiments.calibrate", ["disk_mb=2.50", NOWHERE], "disk_mb=2.50: must be"),
+        ("experiments.calibrate", ["disk_mb='1e300'", NOWHERE], "disk_mb='1e300': must be"),
+        ("experiments.run", [*TINY, "workload.batch_size=2.50", NOWHERE], "batch_size=2.50:"),
+        ("experiments.run", [*TINY, "hardware.n_gpus=1000000000", NOWHERE], "n_gpus=1000000000 "),
+        ("experiments.run", [*TINY, "hardware.links.h2d.gbps=1e308", NOWHERE], "gbps=1e308 "),
+        ("experiments.make_checkpoint", ["model=tiny", "scale=1e308", "out=/x/ck"], "scale=1e308:"),
+    ],
+)
+def test_a_refused_value_is_shown_as_typed(
+    cli_here: Any, module: str, args: list[str], said: str
+) -> None:
+    """Class: a line showed the value as omegaconf or Python holds it (`1e+300`, `1e+09`),
+    not as the user typed it on the command line."""
+    one_line(cli_here(module, *args), said)
+
+
+def test_a_value_from_a_file_or_a_sweep_is_shown_as_held() -> None:
+    """The other half: a value no override gave as such (a file's, one point of a swept
+    `1e300,2`) is shown as held; a number the line holds that differs is left alone."""
+    hydra_errors.set_typed(["disk_mb=1e300,2", "scale=1e308"])
+    try:
+        assert hydra_errors.as_typed("disk_mb", "1e+300", at="") == "1e+300"
+        assert hydra_errors.as_typed("scale", "1e+308", at=" (in conf/x.yaml)") == "1e+308"
+        assert hydra_errors.with_typed("scale=1e+308 or scale=2.5") == "scale=1e308 or scale=2.5"
+    finally:
+        hydra_errors.set_typed([])
+
 
 # --- 2. a control character inside an override ---
 
