@@ -8,7 +8,8 @@ a rank that dies stops the others at once (they are terminated), a rank stopped 
 them after `STOPPED_S`, a rank that never joins stops the others after
 `executor.rendezvous_timeout_s`. Ctrl-C is the command's: a spawned rank ignores it. Spawned
 ranks fork from one server process that imported torch once per command (forkserver); its
-death, or a stop of it past `STOPPED_S`, ends the run with one line naming it (`rank_server`).
+death, or a stop of it past `STOPPED_S`, ends the run with one line naming it (`rank_server`),
+and a SIGTERM to it is passed on to the command, which stops the run as for its own.
 
 Usage:
     python -m experiments.run executor=real executor.distributed=true checkpoint=DIR \

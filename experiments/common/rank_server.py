@@ -34,12 +34,29 @@ def as_server() -> None:
     for signum in TERMINAL_SIGNALS:  # and Ctrl-backslash's SIGQUIT
         signal.signal(signum, signal.SIG_IGN)
     sys.excepthook = _quiet_end
+    # SIGTERM stays blocked (a rank forks with it so, and unblocks it once set), and a thread
+    # takes it: one sent to the server alone (`kill PID`) was held for ever, the run going on
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    threading.Thread(target=_term_to_command, name="sigterm-relay", daemon=True).start()
     parent = os.environ.get(PARENT_VAR, "")
     if not parent.isdigit():  # started off the command's main thread: see `parent_value`
         return
     die_with_parent()
     if os.getppid() != int(parent):
         os._exit(0)  # the command died before the server asked to die with it
+
+
+def _term_to_command() -> None:
+    """In the server: each SIGTERM it gets is sent on to the command, its parent, which stops
+    the run in its one line (`kill` of the launcher's); the server then dies with it. A SIGTERM
+    to the command's group reaches the command twice: its second stop is the same stop
+    (`stop_again`)."""
+    while True:
+        signal.sigwait({signal.SIGTERM})
+        parent = os.getppid()
+        if parent > 1:
+            with contextlib.suppress(OSError):
+                os.kill(parent, signal.SIGTERM)
 
 
 def _quiet_end(kind: type[BaseException], e: BaseException, tb: Any) -> None:

@@ -6,6 +6,10 @@
    break pasted into the command) gave a fix holding `\\n`, which pasted is the two characters
    \\ and n, not the newline. Such an override is one line saying what it holds, with a fix
    that pastes as one argument, which the command then takes.
+3. the forkserver that a distributed run's ranks fork from kept SIGTERM blocked, so `kill` of
+   it alone was held for ever and the run went on to write its result. A SIGTERM to any one
+   process of the run (launcher, forkserver, a rank) ends the whole run in one line, tested
+   end to end on a 2-rank gloo run.
 """
 
 from __future__ import annotations
@@ -105,3 +109,67 @@ def test_a_control_character_in_an_override_has_a_fix_that_pastes(
     if module == "experiments.make_checkpoint":  # it wrote the checkpoint where it was meant
         assert again.returncode == 0, again.stderr
         assert (Path(value) / "config.json").is_file(), again.stderr
+
+
+# --- 3. SIGTERM to any one process of a distributed run ---
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Which of `pids` `ps` still lists (a zombie, dead but not yet reaped by init, is not)."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids))], capture_output=True, text=True
+    ).stdout
+    return [int(p) for p, stat in (row.split()[:2] for row in out.splitlines()) if stat[0] != "Z"]
+
+
+@pytest.mark.parametrize("target", ["launcher", "forkserver", "rank"])
+def test_sigterm_to_any_one_process_of_a_distributed_run_ends_it(
+    target: str, tmp_path: Path, tiny_ckpt: Path
+) -> None:
+    """Class: a SIGTERM to one process of a 2-rank gloo run. The forkserver (the ranks'
+    parent) kept SIGTERM blocked, so `kill` of it alone was held for ever and the run went on to
+    write its result (tested before by its signal masks only). Whichever process gets it (the
+    launcher, the forkserver, a rank), the whole run ends: one line, a non-zero exit, no
+    summary.json, and `ps` lists none of its processes after."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import spawned_ranks, started
+
+    run = tmp_path / "run"
+    p = started(
+        "experiments.run",
+        "executor=real",
+        "executor.distributed=true",
+        "hardware=h200-hgx8",
+        "workload=tiny",
+        "planner=eplb",
+        "+planner.params.n_devices=2",
+        f"checkpoint={tiny_ckpt}",
+        "workload.n_batches=40",
+        "workload.gen_len=40",
+        f"hydra.run.dir={run}",
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    ranks: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(ranks) < 2 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ranks = spawned_ranks(p.pid)
+    assert len(ranks) == 2, p.communicate()
+    server = int(Path(f"/proc/{ranks[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill({"launcher": p.pid, "forkserver": server, "rank": ranks[1]}[target], signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode != 0 and "Traceback" not in err, err
+    assert len(lines) == 1, err
+    said = "rank 1 died (signal 15, SIGTERM)" if target == "rank" else "stopped by SIGTERM; "
+    assert said in lines[0], err
+    assert not (run / "summary.json").exists()
+    gone = time.monotonic() + 5  # killed with the command (PR_SET_PDEATHSIG), within moments
+    while _alive([server, *ranks]) and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert not _alive([server, *ranks]), "processes of the run left running"
