@@ -56,6 +56,9 @@ MAX_WIDTH = 1 << 24  # a dimension or count of a layer (16M): past any model's (
 # routed experts per layer: routing holds expert ids as int16 (core.routing), and a larger id
 # wrapped to a negative one unseen; past any model's (Switch-C's 2048)
 MAX_EXPERTS = 2**15 - 1
+# widths whose 0 is none, or derived from the other fields
+_WIDTHS_OR_0: tuple[str, ...] = ("dense_ffn_size", "shared_ffn_size", "kv_dim", "qk_head_dim")
+_WIDTHS_OR_0 += ("qk_rope_head_dim", "q_lora_rank")  # MLA's
 _WIDTHS = (
     "hidden_size",
     "expert_ffn_size",
@@ -65,10 +68,7 @@ _WIDTHS = (
     "n_kv_heads",
     "head_dim",
     "vocab_size",
-    "dense_ffn_size",
-    "shared_ffn_size",
-    "kv_dim",
-    "qk_head_dim",
+    *_WIDTHS_OR_0,
 )
 _COUNTS = ("dtype_bytes", "attn_params", "latent_expand_params", "disk_dtype_bytes")
 _INT_FIELDS = ("n_layers", *_WIDTHS, *_COUNTS)
@@ -156,16 +156,7 @@ class ModelSpec:
                 )
         self._check_dtype()
         self._check_disk()
-        for key in (
-            "kv_dim",
-            "attn_params",
-            "qk_head_dim",
-            "latent_expand_params",
-            "dense_ffn_size",
-            "shared_ffn_size",
-            "qk_rope_head_dim",
-            "q_lora_rank",
-        ):
+        for key in (*_WIDTHS_OR_0, "attn_params", "latent_expand_params"):
             if getattr(self, key) < 0:
                 raise ConfigError(
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "

@@ -39,7 +39,7 @@ class EPLBParams(EPParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.no_gate("eplb")
-        for name in ("window", "interval"):
+        for name in ("window", "interval", "num_groups", "num_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     f"eplb: {integer_below(name, getattr(self, name), 1)}; pass "

@@ -145,7 +145,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         if valid == []:  # a schema of no fields (a planner with no params)
             line += f"; {key.rsplit('.', 1)[0]} takes none: leave it out"
         return line + _how_to_add(cause, key, text)
-    wrong_type = _wrong_type(text, key, at)
+    wrong_type = _wrong_type(text, key, at, getattr(cause, "object_type", None))
     if wrong_type:
         return wrong_type
     typed = _value_for_fields(text, key, at)
@@ -381,7 +381,7 @@ def _how_to_add(cause: Any, key: str, text: str) -> str:
     return f"; the mapping holds no such entry: add one with +{name}=VALUE"
 
 
-def _wrong_type(text: str, key: str, at: str) -> str | None:
+def _wrong_type(text: str, key: str, at: str, owner: type | None = None) -> str | None:
     """The line for a value of the wrong type (a word for a number, a null where a value
     belongs, a scalar for a list, a word for a bool); None for an error of another kind."""
     wrong = re.search(r"Value '.*' of type 'dict' could not be converted to (\w+)", text)
@@ -396,18 +396,18 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         whole = whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
-        low, high, _ = int_range(key)
+        low, high, _ = int_range(key, owner)
         if whole is not None and low <= whole <= (whole if high is None else high):  # 1e9
             return f"{key}={given}: an integer written as a float{at}; pass {key}={whole}"
         unit = unit_given(key, wrong.group(1))
         if unit:  # "16GB": the unit is in the key's name, the value a bare number
-            need = range_words(key) if wrong.group(2) == "Integer" else need
+            need = range_words(key, owner) if wrong.group(2) == "Integer" else need
             return (
                 f"{key}={given}: must be {need}{at}; the unit is {unit}, as the key's "
                 f"name says: pass {key}=<a number in {unit}>, without a unit"
             )
         if wrong.group(2) == "Integer":  # 2.5, 1e300, abc: the range its own check says
-            return int_field_line(key, given, at)
+            return int_field_line(key, given, at, owner)
         return f"{key}={given}: must be {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)

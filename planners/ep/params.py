@@ -77,6 +77,16 @@ class EPParams:
                 f"planner.params.lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
                 "[0.001, 1] (a lane holds at least one SM); pass lane_share=0 or a share in it"
             )
+        if self.n_devices < 0:
+            raise ConfigError(
+                integer_below("planner.params.n_devices", self.n_devices, 0, "0 = hardware.n_gpus")
+                + "; pass planner.params.n_devices=0 or the devices to run on"
+            )
+        if self.replica_slots < 0:
+            raise ConfigError(
+                integer_below("planner.params.replica_slots", self.replica_slots, 0)
+                + "; pass planner.params.replica_slots=0 (no replicas) or more"
+            )
         if self.n_devices > MAX_DEVICES:  # before routing is built for them (0: at the layout)
             raise ConfigError(
                 f"planner.params.n_devices={self.n_devices}: more devices than an expert-parallel "
@@ -208,11 +218,6 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             "use "
             "hardware with more GPUs (hardware.n_gpus), lanes=true for G lanes of one GPU, or "
             "a smaller n_devices"
-        )
-    if p.replica_slots < 0:
-        raise ConfigError(
-            integer_below("planner.params.replica_slots", p.replica_slots, 0)
-            + "; pass planner.params.replica_slots=0 (no replicas) or more"
         )
     if p.replica_slots > e:  # a device holds at most one copy of each expert
         raise ConfigError(

@@ -137,7 +137,7 @@ def test_bench_accelerate(args, names, tmp_path, capsys):
         (["jobs=-1"], ["jobs=-1"]),
         (["out={afile}/rk"], ["out=", "afile"]),
         (["jbos=2"], ["jbos", "did you mean 'jobs'"]),
-        (["jobs=two"], ["jobs=two: must be a positive integer"]),
+        (["jobs=two"], ["jobs=two: must be an integer in [1, ", "per core"]),
     ],
 )
 def test_reproduce_klotski(args, names, tmp_path, afile, capsys):

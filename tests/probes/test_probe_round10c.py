@@ -236,7 +236,10 @@ def test_a_seed_past_64_bits_is_refused_not_an_internal_error(
 @pytest.mark.parametrize(
     "param, names",
     [
-        ("n_devices=-1", ["n_devices=-1", "pass n_devices=1 to 4"]),
+        (
+            "n_devices=-1",
+            ["n_devices=-1", "0 = hardware.n_gpus", "pass planner.params.n_devices=0"],
+        ),
         ("dense=pipeline", ["planner.params.dense='pipeline' unknown"]),
     ],
 )

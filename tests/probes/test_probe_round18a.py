@@ -240,7 +240,7 @@ def test_a_sweeper_params_value_of_the_wrong_type_is_said_as_on_the_command_line
     sweep = tmp_path / "sweep"
     args = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine18a"]
     r = cli_here("experiments.run", "-m", *TINY, *args, f"hydra.sweep.dir={sweep}")
-    one_line(r, "workload.gen_len=[2, 3]", "must be a positive integer")
+    one_line(r, "workload.gen_len=[2, 3]", "must be an integer in [1, 16777215]")
     assert not sweep.exists()
 
 

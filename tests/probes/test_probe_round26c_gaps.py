@@ -275,6 +275,22 @@ def _units(v: int) -> Any:
         return host.buffer_lines(kv(host.Options()) | {"units": v}, torch.device("cpu"), None, 1)  # type: ignore[arg-type]
 
 
+def _host(name: str) -> Any:
+    """bench.host's KV cache sizes, checked before its slabs are lent."""
+    import torch
+
+    from experiments.bench import host
+    from experiments.common.app import kv
+
+    def check(v: int) -> Any:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(host, "check_host_bytes", _past)
+            opts = kv(host.Options()) | {name: v}
+            return host.kv_lines(opts, torch.device("cpu"), None, 1)  # type: ignore[arg-type]
+
+    return check
+
+
 def _module_and_owner(module: str, cls: str) -> tuple[Any, Any]:
     """The command's module `experiments.module`, and the module defining its options class
     `cls` (the shared schema's for the benches' `Bench*` classes, else the command's own)."""
@@ -379,6 +395,9 @@ def _checks() -> dict[str, list[Callable[[int], Any]]]:
     checks["repeat"] = [_opts_check("bench.sim", "_main", "bench", "Options")("repeat")]
     checks["disk_mb"] = [_dict_check("calibrate", "_calibrate_main", "as_float")("disk_mb")]
     checks["units"] = [_units]
+    for name in ("batch", "kv_heads", "positions", "head_dim"):
+        checks[name] = [_host(name)]
+    checks["k"] = [_opts_check("prefetch_eval", "_evaluated", "load_esft", "Options")("k")]
     checks["seed"] = [
         _opts_check("routing_stats", "_main", "output_file", "Options")("seed"),
         _opts_check("make_checkpoint", "_write", "as_float", "Options", model="tiny", out="x")(

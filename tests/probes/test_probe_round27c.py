@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from experiments.common import typed_values as hydra_errors
+from tests.probes import test_probe_round26c as r26c
+from tests.probes import test_probe_round26c_gaps as g26
 from tests.probes.conftest import one_line
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
@@ -173,3 +175,175 @@ def test_sigterm_to_any_one_process_of_a_distributed_run_ends_it(
     while _alive([server, *ranks]) and time.monotonic() < gone:
         time.sleep(0.05)
     assert not _alive([server, *ranks]), "processes of the run left running"
+
+
+# --- 4. every int field's stated range is the range its checks take ---
+
+BIG = 2**62  # a value no check of a field without a highest may refuse
+
+
+def _spec_model(name: str) -> Any:
+    """ModelSpec's checks of model field `name`, the other fields set so the value alone
+    decides (a top_k up to the most experts, a layer count with its first layer MoE)."""
+    from core.spec import MAX_EXPERTS, ModelSpec
+    from tests.conftest import conf
+
+    def with_room(v: int) -> dict[str, Any]:
+        if name == "n_layers":
+            return {"n_layers": v, "moe_layers": [0], "dense_ffn_size": 1}
+        if name == "top_k":
+            return {"top_k": v, "n_experts": MAX_EXPERTS}
+        if name == "n_kv_heads":
+            return {"n_kv_heads": v, "n_heads": max(v, 1)}
+        if name == "n_heads":
+            return {"n_heads": v, "n_kv_heads": 1}
+        if name == "n_experts":
+            return {"n_experts": v, "top_k": 1}
+        return {name: v}
+
+    return lambda v: ModelSpec.from_dict(conf("model", "tiny") | with_room(v))
+
+
+def _hardware(name: str) -> Any:
+    """HardwareSpec's checks and what a machine can be (`check_physical`) of field `name`."""
+    from core.hardware import HardwareSpec, check_physical
+    from tests.conftest import conf
+
+    def build(v: int) -> Any:
+        hw = conf("hardware", "tiny")
+        if name == "n_gpus":
+            return check_physical(HardwareSpec.from_dict(hw | {"n_gpus": v}))
+        room = {"sms": 10**6} if name != "sms" else {}
+        gpu = dict(hw["gpu"]) | room | {name: v}
+        return check_physical(HardwareSpec.from_dict(hw | {"gpu": gpu}))
+
+    return build
+
+
+def _replication(v: int) -> Any:
+    """The replication block's check of its replica_slots (`ep_inputs.check_block`)."""
+    from types import SimpleNamespace
+
+    from experiments.common import ep_inputs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ep_inputs, "expert_parallel_names", lambda: ["eplb"])
+        return ep_inputs.check_block(
+            {"routing": "synthetic", "replica_slots": v}, SimpleNamespace(planner="eplb", params={})
+        )
+
+
+def _bench_real_layers(v: int) -> Any:
+    """bench.real's n_layers, against a model of the most layers any model has."""
+    from types import SimpleNamespace
+
+    from core.spec import MAX_LAYERS
+    from experiments.bench import real
+
+    def spec(model: str, **over: Any) -> Any:
+        if over:
+            raise g26._Accepted
+        return SimpleNamespace(n_layers=MAX_LAYERS)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(real, "reduced_spec", spec)
+        mp.setattr(real.pe, "checked_routing", lambda *a: None)
+        mp.setattr(real, "checked_room", lambda *a: None)
+        return real._checked(real.BenchRealOptions(model="tiny", budget_gb=1, n_layers=v))
+
+
+def _host_repeats(v: int) -> Any:
+    from experiments.bench import host
+    from experiments.common.app import kv
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(host, "kv_lines", g26._past)
+        mp.setattr(host, "device_of", lambda *a: None, raising=False)
+        return host.report(kv(host.Options()) | {"repeats": v})
+
+
+def _planner_of(schema: type) -> str:
+    """The first registered planner whose params `schema` is (`schema.params_schema`'s)."""
+    from planners.registry import registered
+
+    return next(
+        n for n, e in registered().items() if f"{e.params.__name__}Schema" == schema.__name__
+    )
+
+
+def _check_of(cls: type, name: str) -> Any:
+    """The check that takes int field `name` of schema `cls`, a call raising where refused."""
+    from experiments.common.pool import checked_workers
+
+    owner, module = cls.__name__, cls.__module__.removeprefix("experiments.")
+    if owner == "MakeCheckpointOptions":  # (made from the model's schema: no module of its own)
+        module = "make_checkpoint"
+    if owner in ("ModelSchema", "MakeCheckpointOptions") and name != "seed":
+        return _spec_model(name)
+    if owner in ("HardwareSchema", "ComputeSchema"):
+        return _hardware(name)
+    if owner in ("WorkloadSchema",):
+        return g26._workload(name)
+    if owner == "RoutingSchema":
+        return g26._hot_experts
+    if owner == "ReplicationSchema":
+        return _replication
+    if owner.endswith("ParamsSchema"):
+        return g26._params(_planner_of(cls), name)
+    if owner == "BenchRealOptions":
+        return _bench_real_layers if name == "n_layers" else g26._REAL(name)
+    if owner == "BenchAccelerateOptions":
+        return g26._ACCELERATE(name)
+    simple = {
+        "calibrate": lambda: g26._dict_check("calibrate", "_calibrate_main", "as_float")(name),
+        "make_checkpoint": lambda: g26._opts_check(
+            "make_checkpoint", "_write", "as_float", "Options", model="tiny", out="x"
+        )(name),
+        "prefetch_eval": lambda: g26._opts_check(
+            "prefetch_eval", "_evaluated", "load_esft", "Options"
+        )(name),
+        "reproduce_klotski": lambda: lambda v: checked_workers(v, name),
+        "routing_stats": lambda: g26._opts_check(
+            "routing_stats", "_main", "output_file", "Options"
+        )(name),
+        "validate": lambda: g26._dict_check("validate", "_setup", "read_hardware", checkpoint="ck")(
+            name
+        ),
+        "validate_lanes": lambda: g26._VALIDATE_LANES(name),
+        "bench.sim": lambda: g26._opts_check("bench.sim", "_main", "bench", "Options")(name),
+        "bench.lanes": lambda: g26._LANES(name),
+        "bench.host": lambda: (
+            g26._units
+            if name == "units"
+            else _host_repeats
+            if name == "repeats"
+            else g26._host(name)
+        ),
+    }
+    return simple[module]()
+
+
+def test_every_int_fields_stated_range_is_its_checks() -> None:
+    """Class: a line's stated range of an int field (int_ranges, for a value omegaconf refuses
+    by its type) apart from the check it speaks for: widths capped at MAX_WIDTH, `sms`,
+    `n_gpus`, planner.params.n_devices and more were said to have no highest, bench.host's
+    sizes none, prefetch_eval's `k` to start at 1 (0 = the trace's top-k), klotski's
+    `attn_batches` likewise. For every int field of every command's schema (its groups' and
+    the planners' params too), its check refuses the stated lowest - 1 and the highest + 1,
+    and takes both ends (a field with no highest takes 2^62)."""
+    from experiments.common.int_ranges import int_range
+
+    wrong, tried = [], 0
+    for cls, name in r26c._int_fields():
+        if cls.__module__.startswith("hydra_plugins."):  # a launcher's own (check_n_jobs')
+            continue
+        low, high, _ = int_range(name, cls)
+        check = _check_of(cls, name)
+        ends = [low - 1, low, BIG if high is None else high, *([] if high is None else [high + 1])]
+        said = {v: g26._refuses(check, v) for v in ends}
+        want = {v: v < low or (high is not None and v > high) for v in ends}
+        tried += 1
+        if said != want:
+            wrong.append((cls.__name__, name, (low, high), said))
+    assert tried > 100
+    assert not wrong, wrong
