@@ -64,7 +64,7 @@ def test_validate_and_bench_accelerate_name_their_gpu_frac(
     tiny_ckpt: Path, tmp_path: Path, cli_here: Any, command: str
 ) -> None:
     r = cli_here(command, f"checkpoint={tiny_ckpt}", "hardware=tiny", "gpu_frac=0.00001")
-    line = one_line(r, "gpu_frac=1e-05", "pass gpu_frac at least")
+    line = one_line(r, "gpu_frac=0.00001", "pass gpu_frac at least")  # as typed (round 27c)
     assert "tiny.yaml" not in line, line
 
 
