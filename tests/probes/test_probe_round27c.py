@@ -10,6 +10,11 @@
    it alone was held for ever and the run went on to write its result. A SIGTERM to any one
    process of the run (launcher, forkserver, a rank) ends the whole run in one line, tested
    end to end on a 2-rank gloo run.
+4. a line's stated range of an int field (int_ranges, for a value omegaconf refuses by its
+   type) was read from the field's last name alone, and its default rule (a positive integer)
+   stood for fields whose checks cap them (a model's widths, `sms`, `n_gpus`, `n_devices`, ...)
+   or start lower (prefetch_eval's `k`, klotski's `attn_batches`). Every int field of every
+   command's schema is tried at its stated ends and just past them against its check.
 """
 
 from __future__ import annotations
