@@ -306,8 +306,19 @@ def _context() -> Any:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first run's
+    # read when the server starts: the first run's
+    ctx.set_forkserver_preload([*PRELOAD, *_start_method_module()])
     return ctx
+
+
+def _start_method_module() -> list[str]:
+    """The module that registers this process's start method, where a library's is set (in a
+    joblib sweep's worker, loky's): each rank sets its parent's method as it starts, and the
+    server, without loky's module, failed every rank of a sweep's distributed run ("cannot
+    find context for 'loky'", said as `rank 0 died (exit code 1)`)."""
+    method = mp.get_start_method(allow_none=True)
+    module = type(mp.get_context(method)).__module__ if method else "multiprocessing"
+    return [] if module.split(".")[0] == "multiprocessing" else [module]
 
 
 def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> None:

@@ -1,0 +1,45 @@
+"""Round 27d of issue 48: a fresh probe of the real half and of resumed sweeps
+(`tests.probes.harness27d` over its `CASES`: distributed real runs with ranks killed and odd
+devices, validate, calibrate and the benches on real checkpoints, hand-edited hardware
+profiles, and `-m` sweeps stopped at random moments and run again). Classes found, one test
+group each:
+
+1. A distributed real run inside a joblib sweep (the default launcher) failed every point
+   with `rank 0 died (exit code 1)`: the ranks' forkserver set the parent's start method as
+   each rank started, loky's, which the server had never imported ("cannot find context for
+   'loky'"). The server now imports the module that registers the parent's method.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT
+
+LOKY_RANK = """
+import multiprocessing as mp, os
+import joblib.externals.loky.backend.context  # as a joblib worker has it
+mp.set_start_method("loky", force=True)
+from experiments.common import dist_run
+p = dist_run._context().Process(target=os.getpid)
+p.start()
+p.join()
+print("exit", p.exitcode)
+"""
+
+
+def test_a_rank_starts_where_the_parent_runs_in_a_joblib_worker() -> None:
+    """A rank started from a process whose start method is loky's (a joblib sweep's worker)
+    runs: it exited 1 at its start, before its own code, in every such sweep point."""
+    r = subprocess.run(
+        [sys.executable, "-c", LOKY_RANK],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.stdout.strip() == "exit 0", r.stderr[-2000:]
+    assert "cannot find context" not in r.stderr
