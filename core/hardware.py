@@ -167,7 +167,7 @@ class HardwareSpec:
             if res not in self.links:
                 raise ConfigError(
                     f"hardware {self.name}: links.{res} is missing; add {res}: {{gbps: ..., "
-                    "latency_us: ...}} under links (as conf/hardware/'s files have it)"
+                    "latency_us: ...} under links (as conf/hardware/'s files have it)"
                 )
         for res, link in self.links.items():
             if not link.bandwidth_bytes_per_s > 0:

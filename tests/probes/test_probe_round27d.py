@@ -8,12 +8,16 @@ group each:
    with `rank 0 died (exit code 1)`: the ranks' forkserver set the parent's start method as
    each rank started, loky's, which the server had never imported ("cannot find context for
    'loky'"). The server now imports the module that registers the parent's method.
+2. A line's fix that, pasted as it reads, is an error of its own: a hardware profile without
+   a link said to add `d2h: {gbps: ..., latency_us: ...}}`, a brace too many for YAML.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import user_env
 from tests.probes.conftest import ROOT
@@ -43,3 +47,25 @@ def test_a_rank_starts_where_the_parent_runs_in_a_joblib_worker() -> None:
     )
     assert r.stdout.strip() == "exit 0", r.stderr[-2000:]
     assert "cannot find context" not in r.stderr
+
+
+def test_a_missing_links_fix_pasted_in_is_the_link() -> None:
+    """2. A hardware profile without a link said to add `d2h: {gbps: ..., latency_us: ...}}`:
+    pasted in as it reads, that brace too many is a YAML error of its own. The fix it names,
+    with numbers for its dots, now reads back as the link."""
+    import re
+
+    import yaml
+
+    from core.errors import ConfigError
+    from core.hardware import HardwareSpec
+
+    d = yaml.safe_load((ROOT / "conf/hardware/tiny.yaml").read_text())
+    del d["links"]["d2h"]
+    with pytest.raises(ConfigError) as e:
+        HardwareSpec.from_dict(d)
+    fix = re.search(r"add (d2h: \{.*?\}+) under links", str(e.value))
+    assert fix is not None, str(e.value)
+    pasted = yaml.safe_load(fix.group(1).replace("...", "1.0"))
+    d["links"].update(pasted)
+    assert HardwareSpec.from_dict(d).links
