@@ -152,7 +152,10 @@ def check_split_over_ranks(executor: str, distributed: bool) -> None:
     ranks: any other ran whole on every rank, into one run dir, the last to end replacing the
     others' result, without a word."""
     ranks = launch_ranks()
-    if ranks is None or (executor == "real" and distributed):
+    if ranks is None:
+        return
+    if executor == "real" and distributed:
+        check_rendezvous_env(ranks[0])
         return
     raise ConfigError(
         f"torchrun started {ranks[1]} processes (WORLD_SIZE), but a run of executor={executor} "
@@ -160,6 +163,31 @@ def check_split_over_ranks(executor: str, distributed: bool) -> None:
         "executor=real executor.distributed=true with an expert-parallel planner, or "
         "--nproc_per_node=1"
     )
+
+
+def check_rendezvous_env(rank: int) -> None:
+    """A rank meets its group at MASTER_ADDR:MASTER_PORT: a port outside 1..65535 (0 too: each
+    rank 0 would take a free one no other rank knows) or a host this machine cannot resolve
+    was said only once the rendezvous timed out (120 s by default), as a group that did not
+    form within it."""
+    import socket
+
+    port = os.environ.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(
+            f"rank {rank}: environment MASTER_PORT={port!r} is not a port (1 to 65535) every rank "
+            "can meet at; set it to a free port on rank 0's host, e.g. MASTER_PORT=29500"
+        )
+    host = os.environ.get("MASTER_ADDR")
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        raise ConfigError(
+            f"rank {rank}: environment MASTER_ADDR={host!r}: no such host here; set it to rank "
+            "0's host name or address"
+        ) from None
 
 
 def launched_ranks(launcher: int) -> dict[int, int]:

@@ -69,3 +69,33 @@ def test_a_missing_links_fix_pasted_in_is_the_link() -> None:
     pasted = yaml.safe_load(fix.group(1).replace("...", "1.0"))
     d["links"].update(pasted)
     assert HardwareSpec.from_dict(d).links
+
+
+@pytest.mark.parametrize(
+    ("addr", "port", "named"),
+    [
+        ("nosuch.invalid", "29500", "MASTER_ADDR='nosuch.invalid': no such host"),
+        ("127.0.0.1", "abc", "MASTER_PORT='abc' is not a port"),
+        ("127.0.0.1", "99999", "MASTER_PORT='99999' is not a port"),
+        ("127.0.0.1", "0", "MASTER_PORT='0' is not a port"),
+    ],
+)
+def test_a_rank_by_hand_names_an_address_it_cannot_meet_at(
+    monkeypatch: pytest.MonkeyPatch, addr: str, port: str, named: str
+) -> None:
+    """3. A rank started by hand (RANK, WORLD_SIZE set) at a MASTER_ADDR this machine cannot
+    resolve, or a MASTER_PORT that is no port, waited out the rendezvous (120 s) and said
+    "the process group did not form within ... s (a rank never joined ...)"; MASTER_PORT=0
+    waited for ranks that could never find rank 0's port. Each is one line as the run starts."""
+    from core.errors import ConfigError
+    from experiments.common.launch_line import check_split_over_ranks
+
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": addr, "MASTER_PORT": port}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as e:
+        check_split_over_ranks("real", True)
+    assert named in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    check_split_over_ranks("real", True)  # one it can meet at passes
