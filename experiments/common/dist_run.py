@@ -508,6 +508,21 @@ def _peer_gone(e: BaseException) -> bool:
     )
 
 
+def _one_process_per_device(
+    ckpt: str, spec: RunSpec, planner: Planner | None, dtype: str | None
+) -> Planner | None:
+    """The run's planner, sized; one line where the launch's WORLD_SIZE is not the schedule's
+    number of devices."""
+    g, _, planner = sized_processes(ckpt, spec, planner=planner, dtype=dtype)
+    world = int(os.environ["WORLD_SIZE"])
+    if world != g:
+        raise ConfigError(
+            f"torchrun started {world} processes (WORLD_SIZE), the schedule has {g} devices; "
+            "set --nproc_per_node (by hand: WORLD_SIZE) to planner.params.n_devices"
+        )
+    return planner
+
+
 def _rank(
     ckpt: str,
     spec: RunSpec,
@@ -536,6 +551,9 @@ def _rank(
     if init is None:  # torchrun stops the survivors of a failed rank at once (SIGTERM)
         stop_on_sigterm(rank, held)
         watch = watch_local_peers(rank, held)  # torchrun started every local rank at once
+        # before the group forms: a rank started by hand with WORLD_SIZE other than the
+        # schedule's devices waited out the rendezvous for ranks no one would start
+        planner = _one_process_per_device(ckpt, spec, planner, dtype)
     try:
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
@@ -556,13 +574,6 @@ def _rank(
             "timeout"
         ) from None
     try:
-        if init is None:
-            g, _, planner = sized_processes(ckpt, spec, planner=planner, dtype=dtype)
-            if dist.get_world_size() != g:
-                raise ConfigError(
-                    f"torchrun started {dist.get_world_size()} processes, the schedule has "
-                    f"{g} devices; set --nproc_per_node to planner.params.n_devices"
-                )
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         run: dict[str, Any] = dict(routing=routing, device=device, planner=planner, dtype=dtype)

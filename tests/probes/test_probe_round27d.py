@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT
+from tests.probes.conftest import ROOT, cli, one_line
 
 LOKY_RANK = """
 import multiprocessing as mp, os
@@ -99,3 +100,21 @@ def test_a_rank_by_hand_names_an_address_it_cannot_meet_at(
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     check_split_over_ranks("real", True)  # one it can meet at passes
+
+
+def test_a_rank_by_hand_of_another_world_size_says_so_before_it_waits(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """4. A rank started by hand with WORLD_SIZE=3 for a schedule of 2 devices waited out the
+    rendezvous for a third rank no one would start, then said the group did not form (a
+    torchrun launch of 3 said the count, once all 3 had joined). The count is checked before
+    the rank joins: one line, at once (here well within the 60 s the rendezvous would take)."""
+    env = {**user_env(), "RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29641"}  # fmt: skip
+    args = ["executor=real", "executor.distributed=true", f"checkpoint={tiny_ckpt}",
+            "planner=eplb", "hardware=h200-hgx8", "workload=tiny",
+            "+planner.params.n_devices=2", "executor.rendezvous_timeout_s=60",
+            f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    r = cli("experiments.run", *args, env=env)
+    line = one_line(r, "3 processes (WORLD_SIZE)", "2 devices")
+    assert "did not form" not in line and not (tmp_path / "out").exists()
