@@ -118,3 +118,31 @@ def test_a_rank_by_hand_of_another_world_size_says_so_before_it_waits(
     r = cli("experiments.run", *args, env=env)
     line = one_line(r, "3 processes (WORLD_SIZE)", "2 devices")
     assert "did not form" not in line and not (tmp_path / "out").exists()
+
+
+def test_the_case_list_covers_the_real_half_and_sweeps_with_over_150_cases() -> None:
+    """The harness's cases, to run again: over 150, each class of this round, ids unique."""
+    from collections import Counter
+
+    from tests.probes.cases27d import CASES, SCENARIOS
+
+    ids = Counter(c.id for c in [*CASES, *SCENARIOS])
+    assert len(ids) > 150 and max(ids.values()) == 1
+    classes = {c.cls for c in [*CASES, *SCENARIOS]}
+    assert classes == {
+        "dist", "torchrun", "ranks_killed", "real_cmds", "profile", "ckpt_change", "sweep",
+        "sweep_stop",
+    }  # fmt: skip
+
+
+def test_a_sweeps_results_leave_out_hidden_folders_and_wall_time(tmp_path: Path) -> None:
+    """`_results`, what a stopped sweep run again is compared by: each point's summary.json
+    less its wall time, none from a hidden folder (a `.partial-*` one a kill left)."""
+    import json
+
+    from tests.probes.harness27d import _results
+
+    for rel, wall in (("a/b", 1.0), ("a/.partial-1-x", 2.0)):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "summary.json").write_text(json.dumps({"x": 1, "wall_s": wall}))
+    assert _results(tmp_path) == {"a/b": {"x": 1}}
