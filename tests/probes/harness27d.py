@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import user_env
-from tests.probes.harness26d import KINDS, ROOT, run_case
+from tests.probes.harness26d import KINDS, ROOT, Case, run_case
 
 DIST = (
     "executor=real", "executor.distributed=true", "checkpoint={ck}", "planner=eplb",
@@ -150,9 +150,12 @@ def _results(d: Path) -> dict[str, dict]:
     return out
 
 
-def stop_sweep(sig: signal.Signals, launcher: str) -> Callable[..., tuple[str, str]]:
+def stop_sweep(
+    sig: signal.Signals, launcher: str, group: bool = True
+) -> Callable[..., tuple[str, str]]:
     """A `-m` sweep stopped by `sig` at a random moment, then the same command again: its
-    points and each summary.json equal an unstopped sweep's, its table (collect) too."""
+    points and each summary.json equal an unstopped sweep's, its table (collect) too. SIGKILL
+    goes to the terminal's whole job, or (`group` false) to the sweep's own process alone."""
 
     def run(t: Path, base: dict[str, Path], rng: random.Random) -> tuple[str, str]:
         args = [
@@ -162,7 +165,7 @@ def stop_sweep(sig: signal.Signals, launcher: str) -> Callable[..., tuple[str, s
         ]
         p = _popen(["-m", *args])
         time.sleep(rng.uniform(1.0, 8.0))
-        with_group = sig == signal.SIGKILL  # kill -9 of the terminal's job: every process
+        with_group = sig == signal.SIGKILL and group  # kill -9 of the terminal's job
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, sig) if with_group else p.send_signal(sig)
         rc, said = _outcome(p)
@@ -220,7 +223,7 @@ def main(selected: list[str]) -> Counter:
     chosen = [c for c in [*CASES, *SCENARIOS] if not selected or {c.cls, c.id} & set(selected)]
     counts: Counter = Counter()
     for i, case in enumerate(chosen):
-        if isinstance(case, Scenario):
+        if not isinstance(case, Case):  # a Scenario (this module's, imported by cases27d)
             t = home / case.id
             shutil.rmtree(t, ignore_errors=True)
             t.mkdir(parents=True)
