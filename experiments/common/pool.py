@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import wait
 from pathlib import Path
+from typing import Any
 
 from core.errors import MoepipeError, integer_below
 from experiments import TERMINAL_SIGNALS
@@ -117,6 +119,8 @@ def close_sweep_pool(kill_workers: bool = False) -> None:
     executor = getattr(module, "_executor", None)
     if executor is None:
         return
+    if kill_workers:
+        take_back_unsent(executor)
     terminate = getattr(executor, "terminate", None)  # joblib's MemmappingExecutor's
     if terminate is not None:
         terminate(kill_workers=kill_workers)
@@ -124,16 +128,81 @@ def close_sweep_pool(kill_workers: bool = False) -> None:
         executor.shutdown(wait=True, kill_workers=kill_workers)
 
 
+def take_back_unsent(executor: Any) -> None:
+    """Before a loky pool is killed (`shutdown(kill_workers=True)`): mark it shut down and take
+    back the jobs its manager thread has not sent to a worker yet, their futures cancelled.
+
+    loky's manager thread, on a kill, drops every job it holds (`pending_work_items`) but not
+    their ids still queued for it (`_work_ids`), then fills the workers' queue once more
+    (`add_call_item_to_queue`): a job submitted just before the kill, whose id the thread had
+    not taken yet (it had not run since: a loaded machine), was looked up and gone, a KeyError
+    that ended the thread, printed by Python as "Exception in thread ExecutorManagerThread"
+    after the command's line (seen under a loaded CI run, as a sweep's point timed out). Here
+    the ids are taken with the lock that `submit` holds, and the pool is marked shut down under
+    it, so no job comes in after: the thread finds none. Private to loky (joblib 1.6): where
+    its parts are missing, nothing is done and the kill is as before."""
+    lock = getattr(executor, "_shutdown_lock", None)
+    ids = getattr(executor, "_work_ids", None)
+    jobs = getattr(executor, "_pending_work_items", None)
+    flags = getattr(executor, "_flags", None)
+    if lock is None or not isinstance(ids, queue.Queue) or jobs is None or flags is None:
+        return
+    taken = []
+    with lock:
+        flags.shutdown = True  # what `shutdown` marks, under this lock: `submit` refuses now
+        flags.kill_workers = True
+        while True:
+            try:
+                taken.append(jobs.pop(ids.get_nowait(), None))
+            except queue.Empty:
+                break
+    for job in taken:  # (its callbacks, joblib's, run here: outside the lock that submit takes)
+        if job is not None:
+            job.future.cancel()
+
+
 @contextlib.contextmanager
 def sweep_pool_closed() -> Iterator[None]:
     """A sweep in this block leaves no worker pool behind (`close_sweep_pool`): its workers
-    finish their jobs, or on an error or interrupt are killed."""
+    finish their jobs, or on an error or interrupt are killed, the jobs not sent to one taken
+    back first (`take_back_unsent`, also where joblib kills the pool itself: `_loky_backend`)."""
+    import joblib.parallel as jp
+
+    loky, ours = jp.BACKENDS.get("loky"), _loky_backend()
+    if loky is jp.LokyBackend:  # (not a backend someone else registered as "loky")
+        jp.BACKENDS["loky"] = ours  # hydra's joblib launcher names "loky" itself
     try:
         yield
     except BaseException:
         close_sweep_pool(kill_workers=True)
         raise
+    finally:
+        if loky is not None:
+            jp.BACKENDS["loky"] = loky
     close_sweep_pool()
+
+
+def _loky_backend() -> type:
+    """joblib's loky backend, taking back the jobs not sent (`take_back_unsent`); made once."""
+    if _BACKEND:
+        return _BACKEND[0]
+    from joblib.parallel import LokyBackend
+
+    class LokyBackendTakingBack(LokyBackend):  # type: ignore[misc]
+        """joblib's loky backend, its pool killed on a failed or timed-out job, or Ctrl-C, as
+        joblib kills it (`abort_everything`), the jobs not sent to a worker taken back first
+        (`take_back_unsent`)."""
+
+        def abort_everything(self, ensure_ready: bool = True) -> None:
+            if self._workers is not None:
+                take_back_unsent(self._workers)
+            super().abort_everything(ensure_ready=ensure_ready)
+
+    _BACKEND.append(LokyBackendTakingBack)
+    return LokyBackendTakingBack
+
+
+_BACKEND: list[type] = []
 
 
 def stop_pool_tracker() -> None:
