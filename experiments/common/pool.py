@@ -139,8 +139,12 @@ def take_back_unsent(executor: Any) -> None:
     that ended the thread, printed by Python as "Exception in thread ExecutorManagerThread"
     after the command's line (seen under a loaded CI run, as a sweep's point timed out). Here
     the ids are taken with the lock that `submit` holds, and the pool is marked shut down under
-    it, so no job comes in after: the thread finds none. Private to loky (joblib 1.6): where
-    its parts are missing, nothing is done and the kill is as before."""
+    it, so no job comes in after: the thread finds none.
+
+    A lock that stays held is not waited for (`_held_for`): a stop raised as `submit` released
+    one (in `Condition.__exit__`, before its release ran) leaves it held for good, and waiting
+    on it hung the command before its line. The kill is then as before. Private to loky
+    (joblib 1.6): where its parts are missing, nothing is done either."""
     lock = getattr(executor, "_shutdown_lock", None)
     ids = getattr(executor, "_work_ids", None)
     jobs = getattr(executor, "_pending_work_items", None)
@@ -148,17 +152,28 @@ def take_back_unsent(executor: Any) -> None:
     if lock is None or not isinstance(ids, queue.Queue) or jobs is None or flags is None:
         return
     taken = []
-    with lock:
-        flags.shutdown = True  # what `shutdown` marks, under this lock: `submit` refuses now
-        flags.kill_workers = True
-        while True:
-            try:
-                taken.append(jobs.pop(ids.get_nowait(), None))
-            except queue.Empty:
-                break
+    with _held_for(lock) as held, _held_for(ids.mutex) as ids_held:
+        if held and ids_held:
+            flags.shutdown = True  # what `shutdown` marks, under this lock: `submit` refuses now
+            flags.kill_workers = True
+            taken = [jobs.pop(work_id, None) for work_id in ids.queue]
+            ids.queue.clear()
     for job in taken:  # (its callbacks, joblib's, run here: outside the lock that submit takes)
         if job is not None:
             job.future.cancel()
+
+
+@contextlib.contextmanager
+def _held_for(lock: Any) -> Iterator[bool]:
+    """`lock` held inside, if it comes free within a second (another thread holds such a lock
+    for microseconds); False where it did not, which only a stop that cut its holder short
+    explains."""
+    held = lock.acquire(timeout=1.0)
+    try:
+        yield held
+    finally:
+        if held:
+            lock.release()
 
 
 @contextlib.contextmanager

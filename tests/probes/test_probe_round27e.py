@@ -9,10 +9,18 @@ before a kill now (`pool.take_back_unsent`), by moepipe's own teardown and jobli
 
 The thread's interleaving is made here, not waited for: the manager thread, once woken, is held
 until its pool is marked shut down, as a machine that does not schedule it would hold it.
+
+Class found (stopping a sweep at each call of its pool's start, in-process): a stop raised as
+`submit` released the pool's queue lock (in `Condition.__exit__`, before the release ran) leaves
+that lock held for good; the take-back above waited on it and the sweep hung before its line.
+A lock still held after a second is not waited for now.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -91,3 +99,43 @@ def test_joblibs_own_kill_takes_back_a_job_not_sent(
         manager.join(10.0)
     assert thread_errors == [] and behind.cancelled()
     assert jp.BACKENDS["loky"] is jp.LokyBackend  # joblib's own again after the sweep
+
+
+def _stopped_as_submit_releases(executor: Any) -> None:
+    """`executor.submit`, Ctrl-C landing as the queue of job ids releases its lock (the first
+    `Condition.__exit__` that `submit` runs, before the release): its KeyboardInterrupt."""
+    sent: list[bool] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is threading.Condition.__exit__.__code__ and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # its handler runs as the frame starts
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.setprofile(profile)
+        executor.submit(int, 0)
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_lock_a_stop_left_held_is_not_waited_for(
+    thread_errors: list[BaseException | None],
+) -> None:
+    """The sweep's kill of its pool after a stop cut `submit` short as it released the queue's
+    lock: waiting on that lock, held for good now, hung the command before its line."""
+    from joblib.externals.loky import get_reusable_executor
+
+    pool.close_sweep_pool(kill_workers=True)  # a fresh pool: no manager thread yet
+    executor = get_reusable_executor(max_workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        _stopped_as_submit_releases(executor)
+    ids_lock = executor._work_ids.mutex
+    assert ids_lock.locked()  # as the stop left it
+    ender = threading.Thread(target=pool.close_sweep_pool, args=(True,), daemon=True)
+    ender.start()
+    ender.join(30.0)
+    hung = ender.is_alive()
+    ids_lock.release()  # (what a hung kill waits for: it ends now)
+    assert not hung and thread_errors == []
