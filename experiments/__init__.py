@@ -2,9 +2,9 @@
 
 Started as a command, Ctrl-C while Python still imports it (torch, hydra: seconds) is one line
 and exit 130, not an import's traceback, and SIGTERM, SIGHUP or SIGQUIT (Ctrl-backslash) one
-line and exit 128 + its number, not a silent end; `common.cli.run_command` hands them back to
-Python's KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the command
-runs.
+line and exit 128 + its number, not a silent end; `common.cli.run_command` hands them to the
+command's own handler (`command_started`, `common.stops.until_interrupted`) once the command
+runs: common/stops.py tells the whole story.
 """
 
 import atexit
@@ -29,10 +29,16 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
+def stop_words(signum: int) -> str:
+    """How a stop's one line begins (common/stops.py): "interrupted:" for Ctrl-C, else
+    "stopped by SIGTERM;" (its name)."""
+    return (
+        "interrupted:" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name};"
+    )
+
+
 def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
-    name = signal.Signals(signum).name
-    said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
-    line = f"{said} the command had not started; nothing was written"
+    line = f"{stop_words(signum)} the command had not started; nothing was written"
     rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
     world = int(size) if size.isdigit() else 1  # malformed: the command says so once it runs
     if rank is not None and rank.isdigit() and world > 1:
@@ -77,7 +83,7 @@ if AS_COMMAND:  # first of all: in the start-up below (load_env's imports: 0.05 
 
 def command_started() -> None:
     """The command's imports are done: garbage collection on again, and a start-up handler
-    still set (where `common.cli.until_interrupted`, which `run_command` enters first, could
+    still set (where `common.stops.until_interrupted`, which `run_command` enters first, could
     not take the signals: off the main thread) gives way to Python's default action."""
     for signum in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(signum) is _interrupted_at_startup:
@@ -88,7 +94,7 @@ def command_started() -> None:
         gc.enable()
 
 
-# The exit status of a command whose work is done (`common.cli.finished`); empty until then.
+# The exit status of a command whose work is done (`common.stops.finished`); empty until then.
 FINISHED: list[int] = []
 
 

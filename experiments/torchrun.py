@@ -25,8 +25,8 @@ import sys
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, quoted
-from experiments import STOP_SIGNALS
-from experiments.common import stop_again
+from experiments import STOP_SIGNALS, stop_words
+from experiments.common import stops
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.held_warnings import plan_accepted
 from experiments.common.launch_line import said_under, say_as_agent
@@ -308,13 +308,11 @@ def _say_signals_here() -> None:
 
     def said_here(signum: int, frame: Any) -> None:
         if _SIGNALLED:  # pressed twice: the same stop, said and passed on (raised again as the
-            stop_again.again()  # launcher exited, after its claim on the line went, it was
+            stops.again()  # launcher exited, after its claim on the line went, it was
             return  # said twice); a third ends the launcher at once
-        name = signal.Signals(signum).name
-        said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
-        say_as_agent(f"{said} {STOPPED}")
+        say_as_agent(f"{stop_words(signum)} {STOPPED}")
         _SIGNALLED[:] = [signal.Signals(signum)]
-        stop_again.begin(130 if signum == signal.SIGINT else 128 + signum)
+        stops.begin(stops.stop_status(signum))
         torchs(signal.SIGINT, frame)  # passed on as SIGINT: a rank then takes its run dir away
 
     said_here.says_it = True  # type: ignore[attr-defined]
@@ -352,7 +350,7 @@ def _interrupted(signum: signal.Signals) -> None:
     """Ctrl-C, Ctrl-\\ or a stop reached the agent, which stopped its ranks: a rank that said
     the interrupt's line leaves the exit status only; else the commands' line is said here."""
     if said_under(os.getpid()):
-        sys.exit(130 if signum == signal.SIGINT else 128 + signum)
+        sys.exit(stops.stop_status(signum))
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Stopped(signum)

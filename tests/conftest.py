@@ -277,14 +277,14 @@ def command_here(
     its exit status, stdout and stderr, each warning it gives counted as a line of stderr,
     where Python would print it. A second or two of start-up less than a subprocess; tests of what
     only a fresh process shows (imports, signals) keep the subprocess."""
-    from experiments.common import app, cli, hydra_errors
+    from experiments.common import app, cli, hydra_errors, stops
 
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test
     monkeypatch.delenv("MOEPIPE_TRACEBACK", raising=False)  # as that one, unset by then
     # what the command sets for this process (Ctrl-C's line, its schema, its --help): its own
     for module, name in (
-        (cli, "_ON_INTERRUPT"),
-        (cli, "_BEFORE_LINE"),
+        (stops, "_ON_INTERRUPT"),
+        (stops, "_BEFORE_LINE"),
         (hydra_errors, "ROOT_SCHEMA"),
     ):
         monkeypatch.setattr(module, name, list(getattr(module, name)))

@@ -1,5 +1,6 @@
-"""Shared by the commands: printing a report or a user's mistake as one line, Ctrl-C and stops
-as one line (`until_interrupted`), and the argument checks the schemas
+"""Shared by the commands: printing a report or a user's mistake as one line, every failure as
+one line (`run_command`: `error_line`, `exit_with`; a stop's own path is stops.py's,
+`until_interrupted`), and the argument checks the schemas
 (experiments/common/schema.py, experiments/common/app.py) do not cover (argv_checks.py).
 
 Usage:
@@ -24,10 +25,9 @@ import yaml
 
 import experiments
 from core.args import as_float, as_int, as_size_mb, output_dir, output_file
-from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind, raised_at
+from core.errors import MoepipeError, ScheduleBug, did_you_mean, raised_at
 from core.files import os_error_fix
-from experiments import STOP_SIGNALS, command_started, out_of_memory
-from experiments.common import stop_again
+from experiments import command_started, out_of_memory
 from experiments.common.argv_checks import (
     CONF_DIR,
     exit_on_unwritable_dir,
@@ -40,14 +40,13 @@ from experiments.common.conf_files import chosen_file
 from experiments.common.held_warnings import say_line, settle, warnings_held
 from experiments.common.path_values import comma_in_name
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
-from experiments.common.sent_again import (
-    Interrupt,
-    cancel_unsent,
-    interrupt_again,
-    lost,
-    raised,
-    send_later,
-    watched,
+from experiments.common.stops import (
+    Stopped,
+    before_line,
+    finished,
+    on_interrupt,
+    result_written,
+    until_interrupted,
 )
 
 __all__ = [
@@ -69,6 +68,10 @@ __all__ = [
     "exit_with",
     "run_command",
     "Stopped",
+    "on_interrupt",
+    "result_written",
+    "before_line",
+    "finished",
     "user_conf_dirs",
 ]
 
@@ -363,201 +366,3 @@ def run_command(main: Callable[[], Any]) -> Any:
             if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
                 raise
             exit_with(e)
-
-
-# What `until_interrupted` says after "interrupted: ": a command whose output folder is not the
-# same on a rerun (a sweep under a timestamped folder, a single run) sets it with `on_interrupt`.
-_ON_INTERRUPT = ["finished runs are kept; run the same command again to resume"] * 2
-_BEFORE_LINE: list[Callable[[], Any]] = []  # e.g. a progress bar to close first
-
-
-def on_interrupt(
-    text: str, before: Callable[[], Any] | None = None, written: str | None = None
-) -> None:
-    """What Ctrl-C's line says in this process from now on (how to resume, or that nothing is),
-    what to do before printing it (`before`: close a progress bar, whose line it would
-    otherwise continue), and what it says once the work's result is written (`written`,
-    from `result_written` on)."""
-    _ON_INTERRUPT[:] = [text, written or text]
-    _BEFORE_LINE[:] = [before] if before else []
-
-
-def result_written() -> None:
-    """The work's result is whole on disk (`run_dir.replace_run`): a stop that comes now says so
-    (`on_interrupt`'s `written`). A single run stopped as its files went in said "did not
-    finish" beside its new result."""
-    _ON_INTERRUPT[0] = _ON_INTERRUPT[1]
-
-
-def before_line() -> None:
-    """Run what must happen before a last line is printed (close a progress bar, whose line
-    it would otherwise continue); once."""
-    for before in _BEFORE_LINE:
-        before()
-    _BEFORE_LINE.clear()
-
-
-_FROM_TEXT = "<string>"  # the file name of code compiled from text (exec, eval, PyRun_String)
-
-
-class Stopped(Interrupt):
-    """SIGTERM or SIGHUP (`kill`, `timeout`, a scheduler, a closed terminal), raised where
-    Ctrl-C's KeyboardInterrupt is: every path that Ctrl-C takes (a pool stopped, a lock
-    released, no half-written result, a result going in finished first) serves them too."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    """Ctrl-C's KeyboardInterrupt or a stop's `Stopped`, but not inside an import: torch's C++
-    modules run Python while they load, and an exception raised there ends the process in
-    C++'s `terminate` (exit 134, "pybind11::error_already_set"), not with the one line; nor
-    inside code the command runs from text (`exec` or `eval` of a string: dataclasses' methods,
-    namedtuple's), which marks a KeyboardInterrupt leaving it as the whole process's, however
-    it was handled: the command said its line and then ended by SIGINT (exit -2, in a full CI
-    run). There it is sent again a moment later (`send_later`), until that code is done."""
-    frames = []
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    codes = [f.f_code for f in frames]
-    # text run below the command's own call only: `python -c`, or a test worker, runs it all so
-    ours = codes[: codes.index(_UNTIL)] if _UNTIL in codes else []
-    if any(c.co_filename.startswith("<frozen importlib") for c in codes) or any(
-        c.co_filename == _FROM_TEXT for c in ours
-    ):
-        send_later(signum)
-        return
-    raise raised(Stopped(signum) if signum in STOP_SIGNALS else Interrupt(), _raise_stopped)
-
-
-def _default_in_child() -> None:
-    """A forked child (a pool's worker) does not inherit `_raise_stopped`: its parent stops it
-    with SIGTERM (`terminate()`), which must end it, not raise inside the task it runs."""
-    for signum in (signal.SIGINT, *STOP_SIGNALS):
-        if signal.getsignal(signum) is _raise_stopped:
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            signal.signal(signum, default)
-
-
-os.register_at_fork(after_in_child=_default_in_child)
-
-
-def until_interrupted(main: Callable[[], Any]) -> Any:
-    """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130;
-    SIGTERM or SIGHUP likewise (`Stopped`), "stopped by SIGTERM; ...", exit 128 + its number.
-    What finished is on disk; the line says how to resume (`on_interrupt`). A handler someone
-    else set (torchrun's ranks', `nohup`'s ignored SIGHUP) is left as it is."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # where handlers can be set
-        for signum in (signal.SIGINT, *STOP_SIGNALS):  # start-up's turn ends
-            handler = signal.getsignal(signum)
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            if handler == default or getattr(handler, "__module__", "") == "experiments":
-                signal.signal(signum, _raise_stopped)
-                previous[signum] = default  # not start-up's "had not started" after this
-    hook = sys.unraisablehook
-    sys.unraisablehook = interrupt_again(hook)
-    watched(True)  # the interrupts raised from now on are this command's
-    python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
-    try:
-        result = main()
-        _raise_unsent()  # an interrupt the hook below caught, which main() outran
-        if experiments.AS_COMMAND:
-            finished(result if isinstance(result, int) else 0)
-        return result
-    except Exception as e:  # raised while a stop unwound (a `finally` of hydra's that failed)
-        stop = interrupt_behind(e)
-        if stop is None:
-            raise
-        _say_interrupted(stop)
-    except KeyboardInterrupt as e:
-        _say_interrupted(e)
-    except SystemExit as e:  # its own exit: a launcher whose rank said the stop's line, 143
-        if experiments.AS_COMMAND and isinstance(e.code, int | None):
-            finished(e.code or 0)  # a stop after it: that status, not the default action's
-        raise
-    finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
-        sys.unraisablehook = hook
-        watched(False)  # said, or the command's own end: none is lost
-        cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
-        # and the python its subprocesses start: a sweep that failed or was stopped never
-        # reached the callback that puts it back (a later `sys.executable` would ignore SIGTERM)
-        callbacks = sys.modules.get("experiments.common.callbacks")
-        if callbacks is not None and sys.executable != python:
-            callbacks.workers_heed_signals(python)
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) in (_raise_stopped, _stopping):
-                signal.signal(signum, handler)
-
-
-_UNTIL = until_interrupted.__code__
-
-
-def _stopping(signum: int, frame: Any) -> None:
-    """A stop that comes while the command says an earlier one's line is that stop (Ctrl-C
-    pressed twice): a KeyboardInterrupt raised there (as a progress bar closed, a pool's
-    tracker stopped) was a traceback in place of the line. A third ends it (`stop_again`)."""
-    stop_again.again()
-
-
-def _say_interrupted(e: KeyboardInterrupt) -> None:
-    """Ctrl-C's or a stop's one line, and its exit status."""
-    lost()  # this one, and any raised before it that a library dropped: said now, none is lost
-    code = 128 + e.signum if isinstance(e, Stopped) else 130
-    stop_again.begin(code)
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, *STOP_SIGNALS):  # until `finished` ends it on one at once
-            if signal.getsignal(signum) is _raise_stopped:
-                signal.signal(signum, _stopping)
-    before_line()
-    settle(e)  # the warnings held, before the line
-    from experiments.common.launch_line import claims_lines, other_rank, say_first
-    from experiments.common.pool import stop_pool_tracker
-
-    stop_pool_tracker()
-    # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
-    # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
-    quiet = other_rank() is not None and not claims_lines()
-    if not quiet:
-        said = f"stopped by {e.name};" if isinstance(e, Stopped) else "interrupted:"
-        say_first(f"{said} {_ON_INTERRUPT[0]}")
-    if experiments.AS_COMMAND:  # an interrupt sent again (an import's timer) after the line:
-        finished(code)  # its status, not the teardown's default action (exit -2 after it)
-    sys.exit(code)
-
-
-def finished(code: int = 0) -> None:
-    """The command's work is done and on disk, its exit status `code`: Ctrl-C, SIGTERM or SIGHUP
-    from now on (Python's shutdown: torch's, hydra's, joblib's cleanup) ends it at once with that
-    status and no line. SIGTERM ended it by the signal with no line, and Ctrl-C raised a
-    traceback in the shutdown."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    experiments.FINISHED[:] = [code]  # and after the exit handlers (`_quiet_teardown`)
-    for signum in (signal.SIGINT, *STOP_SIGNALS):
-        if signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays so
-            signal.signal(signum, lambda signum, frame: _exit_finished(code))
-
-
-def _exit_finished(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a write this handler interrupted
-            stream.flush()
-    os._exit(code)
-
-
-def _raise_unsent() -> None:
-    """Raise, now, an interrupt the unraisable hook is about to send again: a command that
-    ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
-    lost so was seen in a test run); or one its handler raised that the code it ran swallowed
-    and kept (`sent_again.Interrupt`)."""
-    signals = [signum for _, signum in cancel_unsent()] + lost()
-    if signals:
-        raise Stopped(signals[0]) if signals[0] in STOP_SIGNALS else KeyboardInterrupt

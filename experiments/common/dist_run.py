@@ -206,7 +206,7 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
         ]
         # SIGTERM (`kill`, `timeout`, a scheduler) would end this process alone, the ranks
         # running on as orphans: it unwinds through the `finally` that stops them
-        term = signal.getsignal(signal.SIGTERM)  # a command's (cli.Stopped) unwinds already
+        term = signal.getsignal(signal.SIGTERM)  # a command's (stops.Stopped) unwinds already
         main = threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL
         if main:
             signal.signal(signal.SIGTERM, _exit_on_term)

@@ -64,7 +64,7 @@ def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, c
     """The same, where the command ends right after the `__del__`, before the hook's signal is
     sent again: it ended with exit 0 and nothing said (a SIGHUP in a full test run). It stops
     as the signal says, and nothing is sent to the process afterwards."""
-    from experiments.common import sent_again
+    from experiments.common import stops
     from experiments.common.cli import Stopped, until_interrupted
 
     class Dies:
@@ -80,7 +80,7 @@ def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, c
     assert stop.value.code == (130 if signum == signal.SIGINT else 129)
     err = capsys.readouterr().err
     assert err.startswith("interrupted: " if signum == signal.SIGINT else "stopped by SIGHUP; ")
-    assert sent_again._UNSENT == []
+    assert stops._UNSENT == []
     time.sleep(0.1)  # past the hook's moment: its timer was cancelled, no signal arrives
 
 

@@ -96,23 +96,23 @@ def test_a_second_ctrl_c_while_the_line_is_said_is_the_same_stop(
     its progress bar first, or stopping a sweep's pool tracker, which waits for it) and raised
     a KeyboardInterrupt there, a traceback in place of the line. It is the same stop now: the
     line once, the first's status, and the handlers as they were after."""
-    from experiments.common import cli
+    from experiments.common import stops
 
     def again() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(10**5):  # the handler runs here
             pass
 
-    monkeypatch.setattr(cli, "_ON_INTERRUPT", ["finished runs are kept"])
-    monkeypatch.setattr(cli, "_BEFORE_LINE", [again])
+    monkeypatch.setattr(stops, "_ON_INTERRUPT", ["finished runs are kept"])
+    monkeypatch.setattr(stops, "_BEFORE_LINE", [again])
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
 
     def main() -> None:
-        raise first if first is KeyboardInterrupt else cli.Stopped(first)
+        raise first if first is KeyboardInterrupt else stops.Stopped(first)
 
     stop: BaseException | None = None
     try:  # the old code's second KeyboardInterrupt fails the test, not the session
-        cli.until_interrupted(main)
+        stops.until_interrupted(main)
     except BaseException as e:  # noqa: BLE001
         stop = e
     assert isinstance(stop, SystemExit) and stop.code == code, repr(stop)

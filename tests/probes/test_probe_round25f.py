@@ -63,24 +63,24 @@ def test_a_third_stop_while_stopping_ends_at_once(
     ends it at once with the first's status (143) and one line of what is left undone."""
     import signal
 
-    from experiments.common import cli, stop_again
+    from experiments.common import stops
 
-    monkeypatch.setattr(stop_again, "GRACE_S", grace_s)
+    monkeypatch.setattr(stops, "GRACE_S", grace_s)
 
     def clean_up_stopped_again() -> None:  # the stops pressed as the clean-up runs
         for _ in range(again):
-            cli._stopping(signal.SIGINT, None)
+            stops._stopping(signal.SIGINT, None)
 
-    monkeypatch.setattr(cli, "before_line", clean_up_stopped_again)
+    monkeypatch.setattr(stops, "before_line", clean_up_stopped_again)
     with pytest.raises((SystemExit, _Ended)) as info:
-        cli._say_interrupted(cli.Stopped(signal.SIGTERM))
+        stops._say_interrupted(stops.Stopped(signal.SIGTERM))
     err = capfd.readouterr().err
     if again == 1 and grace_s > 0:  # the same stop: its line, its status
         assert isinstance(info.value, SystemExit) and info.value.code == 143 and not ends
         assert err.startswith("stopped by SIGTERM;") and "stopped again" not in err
     else:
         assert ends == [143]
-        assert err == f"{stop_again.UNDONE}\n"
+        assert err == f"{stops.UNDONE}\n"
 
 
 def test_a_third_stop_to_the_launcher_ends_it_at_once(
@@ -94,7 +94,7 @@ def test_a_third_stop_to_the_launcher_ends_it_at_once(
     from torch.distributed.elastic.multiprocessing import api
 
     from experiments import torchrun
-    from experiments.common.stop_again import UNDONE
+    from experiments.common.stops import UNDONE
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the launch's claim is made
     monkeypatch.setattr(api, "_terminate_process_handler", lambda signum, frame: None)

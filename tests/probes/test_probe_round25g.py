@@ -81,7 +81,7 @@ def test_a_stop_a_library_kept_stops_the_command_as_it_returns(signum, capsys) -
     """The same, where the library keeps the stop (as a pool keeps a task's error) and the
     command returns at once: it exited 0 with nothing said. It is raised as the command
     returns, and nothing is sent to the process afterwards."""
-    from experiments.common import sent_again
+    from experiments.common import stops
     from experiments.common.cli import until_interrupted
 
     kept: list[BaseException] = []
@@ -94,15 +94,15 @@ def test_a_stop_a_library_kept_stops_the_command_as_it_returns(signum, capsys) -
         until_interrupted(main)
     assert stop.value.code == 128 + signum
     assert capsys.readouterr().err.startswith(_said(signum))
-    assert sent_again._UNSENT == [] and sent_again._RAISED == {}
+    assert stops._UNSENT == [] and stops._RAISED == {}
     kept.clear()  # gone now, with the command's handlers put back: not sent again
-    assert sent_again._UNSENT == []
+    assert stops._UNSENT == []
 
 
 def test_a_stop_the_command_says_is_not_sent_again(capsys) -> None:
     """A stop that reaches the command as it should is said once; the handler's record of it
     is gone with the command, and freeing it later sends nothing."""
-    from experiments.common import sent_again
+    from experiments.common import stops
     from experiments.common.cli import until_interrupted
 
     def main() -> None:
@@ -114,7 +114,7 @@ def test_a_stop_the_command_says_is_not_sent_again(capsys) -> None:
     assert stop.value.code == 143
     assert capsys.readouterr().err.startswith("stopped by SIGTERM; ")
     stop.value.__context__ = None  # the Stopped, freed with the handlers put back
-    assert sent_again._UNSENT == [] and sent_again._RAISED == {}
+    assert stops._UNSENT == [] and stops._RAISED == {}
 
 
 # a `-m` sweep whose pool, as it starts a worker, gets the stop and drops it (as loky did)
@@ -144,7 +144,7 @@ def test_a_sweep_whose_pool_start_swallowed_the_stop_says_nothing_was_kept(
     it starts: it ran its run to the end and exited 0 with no line. Now the line, 143, and no
     sweep folder left."""
     (tmp_path / "swallowed_in_pool.py").write_text(SWALLOWED_IN_POOL_START)  # a file: a stop
-    sweep = tmp_path / "sweep"  # in code run from text waits for it (cli._raise_stopped)
+    sweep = tmp_path / "sweep"  # in code run from text waits for it (stops._raise_stopped)
     args = ["-m", *TINY[:-1], "planner=sequential", "workload.n_batches=400"]
     args += ["workload.gen_len=128", f"hydra.sweep.dir={sweep}"]
     env = {**user_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}

@@ -25,17 +25,17 @@ def test_an_interrupt_sent_again_after_the_line_keeps_its_status(
     and the command ended by the signal (exit -2, once in a full CI run) after its line. Once
     the line is said, another signal exits with the line's status."""
     import experiments
-    from experiments.common import cli as cli_module
+    from experiments.common import stops
 
     monkeypatch.setattr(experiments, "AS_COMMAND", True)
     monkeypatch.setattr(experiments, "FINISHED", [])
     exits: list[int] = []
-    monkeypatch.setattr(cli_module.os, "_exit", exits.append)
+    monkeypatch.setattr(stops.os, "_exit", exits.append)
     # every signal `finished` sets (SIGQUIT's left set ended a later test's process, exit 143)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, *experiments.STOP_SIGNALS)}
     try:
         with pytest.raises(SystemExit) as e:
-            cli_module._say_interrupted(stop or cli_module.Stopped(signal.SIGTERM))
+            stops._say_interrupted(stop or stops.Stopped(signal.SIGTERM))
         assert e.value.code == code
         assert list(experiments.FINISHED) == [code]
         handler = signal.getsignal(signal.SIGINT)
@@ -92,13 +92,12 @@ def test_a_stop_as_the_result_goes_in_says_the_run_had_finished(
     import json
     import os
 
-    from experiments.common import cli as cli_module
-    from experiments.common import run_dir
+    from experiments.common import run_dir, stops
 
     run = tmp_path / "run"
     run_dir.replace_run(run, {"planner": "old"}, lambda tmp: (tmp / "a.txt").write_text("old"))
-    monkeypatch.setattr(cli_module, "_ON_INTERRUPT", ["", ""])
-    cli_module.on_interrupt("the run did not finish", written="the run had finished")
+    monkeypatch.setattr(stops, "_ON_INTERRUPT", ["", ""])
+    stops.on_interrupt("the run did not finish", written="the run had finished")
     rename, sent = os.replace, []
 
     def replace_and_stop(src: Any, dst: Any) -> None:
@@ -108,14 +107,14 @@ def test_a_stop_as_the_result_goes_in_says_the_run_had_finished(
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(run_dir.os, "replace", replace_and_stop)
-    previous = signal.signal(signal.SIGTERM, cli_module._raise_stopped)
+    previous = signal.signal(signal.SIGTERM, stops._raise_stopped)
     try:
-        with pytest.raises(cli_module.Stopped) as stop:
+        with pytest.raises(stops.Stopped) as stop:
             run_dir.replace_run(run, {"planner": "new"}, lambda t: (t / "a.txt").write_text("new"))
     finally:
         signal.signal(signal.SIGTERM, previous)
     with pytest.raises(SystemExit) as code:
-        cli_module._say_interrupted(stop.value)
+        stops._say_interrupted(stop.value)
     assert code.value.code == 143
     assert capsys.readouterr().err == "stopped by SIGTERM; the run had finished\n"
     assert json.loads((run / "summary.json").read_text())["planner"] == "new"

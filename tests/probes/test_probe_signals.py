@@ -274,8 +274,8 @@ def test_a_stop_while_the_result_goes_in_waits_for_it(
     old summary.json went, between two renames) comes once the new result is whole: the dir
     never holds some files of each run and no summary. Timing cannot aim at that moment from
     outside, so the signal is sent from the first rename."""
-    from experiments.common import cli as cli_module
     from experiments.common import run_dir as pipeline
+    from experiments.common import stops
 
     run = tmp_path / "run"
     pipeline.replace_run(run, {"planner": "old"}, lambda tmp: _write(tmp, "old"))
@@ -293,7 +293,7 @@ def test_a_stop_while_the_result_goes_in_waits_for_it(
     handler, raised = (
         (signal.default_int_handler, KeyboardInterrupt)
         if sig == signal.SIGINT
-        else (cli_module._raise_stopped, cli_module.Stopped)
+        else (stops._raise_stopped, stops.Stopped)
     )
     previous = signal.signal(sig, handler)
     try:
