@@ -10,6 +10,12 @@ group each:
    'loky'"). The server now imports the module that registers the parent's method.
 2. A line's fix that, pasted as it reads, is an error of its own: a hardware profile without
    a link said to add `d2h: {gbps: ..., latency_us: ...}}`, a brace too many for YAML.
+3. A rank started by hand whose MASTER_ADDR this machine cannot resolve, or whose MASTER_PORT
+   is no port (abc, 99999, 0), waited out the rendezvous timeout and then said the group did
+   not form, as if a rank had never joined. Both are named as the run starts.
+4. A launch's WORLD_SIZE other than the schedule's devices was checked only once the group
+   had formed: a rank by hand with WORLD_SIZE=3 for 2 devices waited out the rendezvous for a
+   rank no one would start. It is checked before the rank joins.
 """
 
 from __future__ import annotations
