@@ -245,7 +245,6 @@ PLANNED = [
     ["planner=flexgen", "model.dense_ffn_size=-5"],
     ["planner=flexgen", "model.kv_dim=-1"],
     ["planner=flexgen", "+model.moe_layers=[99]"],
-    ["planner=flexgen", "+model.moe_layers=[]"],
     ["planner=flexgen", "model.top_k=0"],
 ]
 
