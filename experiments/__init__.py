@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
 try:  # here, not when memory ran out: an import then fails too
     import resource
@@ -27,6 +28,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # what a terminal sends its whole foreground group: a command's helper process (a pool worker,
 # a spawned rank, the server they fork from) leaves them to the command, which says the line
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# every signal that stops a command: Ctrl-C's and the others (common/stops.py tells the flow)
+STOPS = (signal.SIGINT, *STOP_SIGNALS)
+
+
+def default_handler(signum: int) -> Any:
+    """Python's own handler of `signum`: Ctrl-C's KeyboardInterrupt, the others' default action."""
+    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
 
 
 def stop_words(signum: int) -> str:
@@ -78,17 +86,16 @@ if AS_COMMAND:  # first of all: in the start-up below (load_env's imports: 0.05 
             signal.signal(_signum, _interrupted_at_startup)
     # a launcher's rank (`experiments.torchrun`) starts with them blocked, through Python's own
     # start-up: a stop held there comes now, to the handler above (one line, or none)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *STOP_SIGNALS))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 def command_started() -> None:
     """The command's imports are done: garbage collection on again, and a start-up handler
     still set (where `common.stops.until_interrupted`, which `run_command` enters first, could
     not take the signals: off the main thread) gives way to Python's default action."""
-    for signum in (signal.SIGINT, *STOP_SIGNALS):
+    for signum in STOPS:
         if signal.getsignal(signum) is _interrupted_at_startup:
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            signal.signal(signum, default)
+            signal.signal(signum, default_handler(signum))
     if AS_COMMAND and not gc.isenabled():  # off while the command imported (below)
         gc.freeze()  # the imports' objects live to the end: no collection walks them again
         gc.enable()
@@ -104,7 +111,7 @@ def _quiet_teardown() -> None:
     back before that (a tenth of a short run's time), so a stop then ended the command by the
     signal, with no line, its results whole; it now exits with its status."""
     if FINISHED:
-        for signum in (signal.SIGINT, *STOP_SIGNALS):
+        for signum in STOPS:
             signal.signal(signum, signal.SIG_IGN)
 
 

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, quoted
-from experiments import STOP_SIGNALS, stop_words
+from experiments import STOPS, stop_words
 from experiments.common import stops
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.held_warnings import plan_accepted
@@ -336,7 +336,7 @@ def _ranks_start_stops_blocked() -> None:
         modules = [str(b) for a, b in zip(args, args[1:], strict=False) if a == "-m"]
         if not any(m.startswith("experiments.") for m in modules):
             return popen(self, args, env)
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, *STOP_SIGNALS))
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:  # the child inherits this thread's mask, across exec
             return popen(self, args, env)
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from core.args import written_whole
-from experiments import STOP_SIGNALS
+from experiments import STOPS
 
 
 @contextmanager
@@ -26,7 +26,7 @@ def interrupt_deferred() -> Iterator[None]:
         return
     pending: list[tuple[int, FrameType | None]] = []
     previous = {}
-    for signum in (signal.SIGINT, *STOP_SIGNALS):
+    for signum in STOPS:
         handler = signal.getsignal(signum)
         if handler is not None and handler != signal.SIG_IGN:
             previous[signum] = signal.signal(

@@ -65,21 +65,13 @@ from typing import Any
 
 import experiments
 from core.errors import interrupt_behind
-from experiments import STOP_SIGNALS, stop_words
+from experiments import STOP_SIGNALS, STOPS, default_handler, stop_words
 from experiments.common.held_warnings import settle
-
-# Every signal that stops a command: Ctrl-C's and the others (`Stopped`).
-STOPS = (signal.SIGINT, *STOP_SIGNALS)
 
 
 def stop_status(signum: int) -> int:
     """The exit status of a command `signum` stopped: 128 + its number (Ctrl-C's 130)."""
     return 128 + signum
-
-
-def default_handler(signum: int) -> Any:
-    """Python's own handler of `signum`: Ctrl-C's KeyboardInterrupt, the others' default action."""
-    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
 
 
 # ---- 2. the handler, and the stop it raises ----
