@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -49,11 +48,10 @@ from experiments.common.launch_line import gone_peers, launched, refused_at_once
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, one_device, sized_run
 from experiments.common.rank_server import (
     LOST,
-    PARENT_VAR,
     ServerWatch,
     is_stopped,
     parent_of,
-    parent_value,
+    server_context,
 )
 from experiments.common.torchrun_rank import stop_on_sigterm, watch_local_peers
 
@@ -71,14 +69,6 @@ LEFT_TO_PARENT = TERMINAL_SIGNALS  # a spawned rank ignores them (`_rank_process
 # on, and a rank unblocks them once it is set (a stop in Python's own start-up was the server's
 # death, a line of its own, or "Fatal Python error")
 STARTS_BLOCKED = (*LEFT_TO_PARENT, signal.SIGTERM)
-# what a rank imports, once in the server its processes fork from (`_context`); experiments first:
-# its __init__ sets what torch reads as it loads
-PRELOAD = [
-    "experiments.common.rank_server_init",
-    "experiments.common.real_run",
-    "real.distributed",
-    "torch.distributed",
-]
 
 
 @dataclass
@@ -194,7 +184,7 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
     return what rank 0 left in tmp/rank0.pkl."""
     remove_stale_rank_dirs()
     with tempfile.TemporaryDirectory(prefix=f"{RANK_DIR}{os.getpid()}-") as tmp:
-        ctx = _context()
+        ctx = server_context()
         init = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [
             ctx.Process(
@@ -284,41 +274,6 @@ def _start(procs: list[Any], server: ServerWatch) -> None:
             "the ranks are started through (at most 107 bytes with its file name); set TMPDIR "
             "to a shorter folder, e.g. TMPDIR=/tmp"
         ) from None
-
-
-def _context() -> Any:
-    """Ranks fork from a server process that imported torch and the executor once (forkserver):
-    each spawned rank imported them itself, 2.5 s of CPU per rank before it did anything. The
-    server is a fresh interpreter that never touches CUDA, so a forked rank may (PyTorch's
-    multiprocessing notes: spawn or forkserver for CUDA)."""
-    from multiprocessing import resource_tracker
-
-    os.environ[PARENT_VAR] = parent_value()  # the server reads it (`rank_server.as_server`)
-    # the server's start starts multiprocessing's resource tracker first, which unblocks Ctrl-C
-    # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
-    # open, and one at the terminal printed its traceback from the interpreter's start. The
-    # tracker ignores Ctrl-C and SIGTERM, not SIGHUP: a closed terminal killed it, and its
-    # relaunch warned in two lines above the command's; it keeps SIGHUP (and Ctrl-backslash's
-    # SIGQUIT) blocked from here
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP, signal.SIGQUIT])
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    ctx = mp.get_context("forkserver")
-    # read when the server starts: the first run's
-    ctx.set_forkserver_preload([*PRELOAD, *_start_method_module()])
-    return ctx
-
-
-def _start_method_module() -> list[str]:
-    """The module that registers this process's start method, where a library's is set (in a
-    joblib sweep's worker, loky's): each rank sets its parent's method as it starts, and the
-    server, without loky's module, failed every rank of a sweep's distributed run ("cannot
-    find context for 'loky'", said as `rank 0 died (exit code 1)`)."""
-    method = mp.get_start_method(allow_none=True)
-    module = type(mp.get_context(method)).__module__ if method else "multiprocessing"
-    return [] if module.split(".")[0] == "multiprocessing" else [module]
 
 
 def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> None:

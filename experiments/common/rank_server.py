@@ -1,4 +1,4 @@
-"""The forkserver that spawned ranks fork from (`dist_run._context`): what it does as it starts
+"""The forkserver that spawned ranks fork from (`server_context`): what it does as it starts
 (`as_server`, run by `rank_server_init`, its first preload) and a watch of it from the command
 (`ServerWatch`). It is a child of the command and the parent of every rank, so a fault of it is
 a fault of the run: its death lost the ranks' exit codes (multiprocessing reads 255) and, while
@@ -7,6 +7,7 @@ it was stopped (SIGSTOP), the command waited for them for ever."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -22,6 +23,49 @@ PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server t
 LOST = 255  # multiprocessing's exit code for a process whose server went away
 # how multiprocessing starts its forkserver (`python -c "from multiprocessing.forkserver ..."`)
 SERVER_CMDLINE = b"from multiprocessing.forkserver import main"
+# what a rank imports, once in the server its processes fork from (`server_context`); experiments first:
+# its __init__ sets what torch reads as it loads
+PRELOAD = [
+    "experiments.common.rank_server_init",
+    "experiments.common.real_run",
+    "real.distributed",
+    "torch.distributed",
+]
+
+
+def server_context() -> Any:
+    """Ranks fork from a server process that imported torch and the executor once (forkserver):
+    each spawned rank imported them itself, 2.5 s of CPU per rank before it did anything. The
+    server is a fresh interpreter that never touches CUDA, so a forked rank may (PyTorch's
+    multiprocessing notes: spawn or forkserver for CUDA)."""
+    from multiprocessing import resource_tracker
+
+    os.environ[PARENT_VAR] = parent_value()  # the server reads it (`rank_server.as_server`)
+    # the server's start starts multiprocessing's resource tracker first, which unblocks Ctrl-C
+    # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
+    # open, and one at the terminal printed its traceback from the interpreter's start. The
+    # tracker ignores Ctrl-C and SIGTERM, not SIGHUP: a closed terminal killed it, and its
+    # relaunch warned in two lines above the command's; it keeps SIGHUP (and Ctrl-backslash's
+    # SIGQUIT) blocked from here
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP, signal.SIGQUIT])
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    ctx = mp.get_context("forkserver")
+    # read when the server starts: the first run's
+    ctx.set_forkserver_preload([*PRELOAD, *_start_method_module()])
+    return ctx
+
+
+def _start_method_module() -> list[str]:
+    """The module that registers this process's start method, where a library's is set (in a
+    joblib sweep's worker, loky's): each rank sets its parent's method as it starts, and the
+    server, without loky's module, failed every rank of a sweep's distributed run ("cannot
+    find context for 'loky'", said as `rank 0 died (exit code 1)`)."""
+    method = mp.get_start_method(allow_none=True)
+    module = type(mp.get_context(method)).__module__ if method else "multiprocessing"
+    return [] if module.split(".")[0] == "multiprocessing" else [module]
 
 
 def as_server() -> None:

@@ -33,8 +33,8 @@ LOKY_RANK = """
 import multiprocessing as mp, os
 import joblib.externals.loky.backend.context  # as a joblib worker has it
 mp.set_start_method("loky", force=True)
-from experiments.common import dist_run
-p = dist_run._context().Process(target=os.getpid)
+from experiments.common import rank_server
+p = rank_server.server_context().Process(target=os.getpid)
 p.start()
 p.join()
 print("exit", p.exitcode)
