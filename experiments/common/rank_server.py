@@ -23,8 +23,8 @@ PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server t
 LOST = 255  # multiprocessing's exit code for a process whose server went away
 # how multiprocessing starts its forkserver (`python -c "from multiprocessing.forkserver ..."`)
 SERVER_CMDLINE = b"from multiprocessing.forkserver import main"
-# what a rank imports, once in the server its processes fork from (`server_context`); experiments first:
-# its __init__ sets what torch reads as it loads
+# what a rank imports, once in the server its processes fork from (`server_context`);
+# experiments first: its __init__ sets what torch reads as it loads
 PRELOAD = [
     "experiments.common.rank_server_init",
     "experiments.common.real_run",
@@ -161,6 +161,24 @@ def server_pid() -> int | None:
     return found
 
 
+def kill_server(pid: int, wait_s: float = 1.0) -> None:
+    """SIGKILL the server `pid` (this process's child) and wait, up to `wait_s`, until its exit
+    can be seen by `os.waitpid`, without reaping it: multiprocessing's next start asks
+    waitpid whether the server still runs. The server has a second thread (`_term_to_command`),
+    and a killed process's main thread shows as a zombie before its other threads are gone:
+    a start in between took the dead server for a live one, and its rank's start failed."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:  # reaped already, or not this process's child
+            return
+        time.sleep(0.005)
+
+
 def is_stopped(pid: int) -> bool:
     """Is the process stopped by a signal (state T; not `t`, a debugger's stop)?"""
     try:
@@ -192,8 +210,7 @@ class ServerWatch:
             self._thread.join()
         pid = server_pid()
         if pid is not None and is_stopped(pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            kill_server(pid)
 
     def _run(self) -> None:
         since: float | None = None
@@ -206,8 +223,7 @@ class ServerWatch:
             since = since or time.monotonic()
             if time.monotonic() - since > self.stopped_s:
                 self.killed = pid
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)  # its ranks die with it
+                kill_server(pid)  # its ranks die with it
                 return
 
     def why(self) -> str:

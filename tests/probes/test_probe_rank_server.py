@@ -139,14 +139,11 @@ def test_a_server_started_off_the_main_thread_outlives_that_thread() -> None:
     thread's run. Started off the main thread, it stays for the next run."""
     import threading
 
-    from experiments.common.rank_server import server_pid
+    from experiments.common.rank_server import kill_server, server_pid
 
     pid = server_pid()
     if pid is not None:  # a server this process started before: the thread must start its own
-        os.kill(pid, signal.SIGKILL)
-        gone = time.monotonic() + 10
-        while alive(pid) and time.monotonic() < gone:
-            time.sleep(0.02)
+        kill_server(pid, wait_s=10)
     got: list[int] = []
     t = threading.Thread(target=lambda: got.append(_spawn(1, _parent, ())))
     t.start()
