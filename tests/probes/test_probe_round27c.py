@@ -129,7 +129,14 @@ def _alive(pids: list[int]) -> list[int]:
     return [int(p) for p, stat in (row.split()[:2] for row in out.splitlines()) if stat[0] != "Z"]
 
 
-@pytest.mark.parametrize("target", ["launcher", "forkserver", "rank"])
+@pytest.mark.parametrize(
+    "target",  # the launcher's and a rank's cases held before round 27c: the slow suite
+    [
+        pytest.param("launcher", marks=pytest.mark.slow),
+        "forkserver",
+        pytest.param("rank", marks=pytest.mark.slow),
+    ],
+)
 def test_sigterm_to_any_one_process_of_a_distributed_run_ends_it(
     target: str, tmp_path: Path, tiny_ckpt: Path
 ) -> None:
