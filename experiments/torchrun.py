@@ -29,7 +29,7 @@ from experiments import STOPS, stop_words
 from experiments.common import stops
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.held_warnings import plan_accepted
-from experiments.common.launch_line import said_under, say_as_agent
+from experiments.common.launch_line import resolves, said_under, say_as_agent
 
 FAILED = 2  # the commands' exit status for a failure
 # Ctrl-C's line where no rank said one (the launch stopped while its ranks started)
@@ -254,16 +254,8 @@ def _checked_streams(args: Any, nproc: str) -> None:
 
 def _resolved(flag: str, host: str | None) -> None:
     """`host` a name this machine resolves: the agent retried one it cannot for ever."""
-    import socket
-
-    if not host:
-        return
-    try:
-        socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        raise ConfigError(
-            f"{flag}={host}: no such host here; pass a name or address of one"
-        ) from None
+    if host and not resolves(host):
+        raise ConfigError(f"{flag}={host}: no such host here; pass a name or address of one")
 
 
 def _argument_error(e: BaseException) -> ConfigError:

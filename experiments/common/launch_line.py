@@ -170,8 +170,6 @@ def check_rendezvous_env(rank: int) -> None:
     rank 0 would take a free one no other rank knows) or a host this machine cannot resolve
     was said only once the rendezvous timed out (120 s by default), as a group that did not
     form within it."""
-    import socket
-
     port = os.environ.get("MASTER_PORT")
     if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
         raise ConfigError(
@@ -179,15 +177,23 @@ def check_rendezvous_env(rank: int) -> None:
             "can meet at; set it to a free port on rank 0's host, e.g. MASTER_PORT=29500"
         )
     host = os.environ.get("MASTER_ADDR")
-    if not host:
-        return
-    try:
-        socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
+    if host and not resolves(host):
         raise ConfigError(
             f"rank {rank}: environment MASTER_ADDR={host!r}: no such host here; set it to rank "
             "0's host name or address"
-        ) from None
+        )
+
+
+def resolves(host: str) -> bool:
+    """Does this machine resolve `host` (a name or an address)? A launch's rendezvous at one it
+    cannot retried for ever, or waited out its timeout."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 def launched_ranks(launcher: int) -> dict[int, int]:
