@@ -151,8 +151,7 @@ def test_a_sweep_every_point_of_which_outgrows_ram_is_refused_up_front(
     from dataclasses import replace
 
     from core.spec import Workload
-    from experiments import run
-    from experiments.common import pipeline
+    from experiments.common import pipeline, run_checks
     from tests.conftest import hardware_from_conf, model_from_conf
 
     monkeypatch.setattr(pipeline, "_available_ram_bytes", lambda: 10**9)
@@ -172,6 +171,6 @@ def test_a_sweep_every_point_of_which_outgrows_ram_is_refused_up_front(
     spec = pipeline.RunSpec(
         model_from_conf("tiny"), hardware_from_conf("tiny"), wl, "klotski", {"n": 0}
     )
-    run.check_sizes_fit(spec)  # Klotski chooses its n: one batch's sizes are checked
+    run_checks.check_sizes_fit(spec)  # Klotski chooses its n: one batch's sizes are checked
     with pytest.raises(Exception, match="GB of RAM"):
-        run.check_sizes_fit(replace(spec, planner="flexgen", params={}))
+        run_checks.check_sizes_fit(replace(spec, planner="flexgen", params={}))
