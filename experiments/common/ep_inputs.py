@@ -287,9 +287,9 @@ def _fits_esft(model: ModelSpec) -> None:
 
 def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     """A ConfigError where the block's settings do not fit this run's planner or routing, checked
-    before anything is prepared (a sweep checks them before its first point: `run_checks.check_point`);
-    else the planner params the block sets for it (`replication.planners.<planner>`, then the
-    row's `replication.params`)."""
+    before anything is prepared (a sweep checks them before its first point:
+    `run_checks.check_point`); else the planner params the block sets for it
+    (`replication.planners.<planner>`, then the row's `replication.params`)."""
     if spec.planner not in expert_parallel_names():
         raise ConfigError(
             f"replication.routing is set for planner {spec.planner}, which is not expert-"
