@@ -31,6 +31,10 @@ MAX_TOKENS = 1 << 20
 TOKENS_WHY = "beyond it the activations outgrow any machine's memory"
 # The largest size, in MB, any size option of a command takes (a shard, a probe file, a margin,
 # a budget): 1 TiB is past any one machine's memory, where a typo (1e300) is the likely cause.
+# a peer's run stopped after this many times moepipe's makespan (bench.accelerate, bench.real):
+# past it the bench waits days for a row it then bounds no better
+PEER_LIMIT = 1000.0
+PEER_LIMIT_WHY = "times moepipe's makespan; 0 = never stopped"
 MAX_SIZE_MB = 1 << 20
 SIZE_WHY = "a size in MB; 1 TiB is past any one machine"
 

@@ -235,8 +235,13 @@ class HardwareSpec:
             mem_gb = {Tier(k): float(v) for k, v in given.items()}
             check_finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
             for tier, gb in mem_gb.items():  # before the bytes: 1e308 GB overflows an int
-                if gb > 0:  # 0 and below: "must be a positive capacity" (__post_init__)
+                if gb > 0:  # 0: "must be a positive capacity" (__post_init__)
                     _in_range(f"hardware {name}: memory_gb.{tier}", _memory_key(tier), gb)
+                elif gb < 0:  # -1e308 GB overflows an int too
+                    raise ConfigError(
+                        f"hardware {name}: memory_gb.{tier}={gb:g} must be a positive capacity; "
+                        "set its size in GB"
+                    )
             mem = {k: int(v * GB) for k, v in mem_gb.items()}
             links = {}
             at = "links"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, integer_field
+from core.spec_fields import MAX_LAYER_PARAMS, check_span
 from core.types import Activation, RoutingSource
 
 GB = 1e9
@@ -141,7 +142,8 @@ class ModelSpec:
             )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
-        _positive(self, "rms_norm_eps", "rope_theta")
+        for key in ("rms_norm_eps", "rope_theta"):
+            check_span(f"model {self.name}: ", key, getattr(self, key), f"model.{key}")
         if self.family not in FAMILIES:
             raise ConfigError(
                 f"model {self.name}: family={self.family!r} unknown; valid: {', '.join(FAMILIES)}"
@@ -239,6 +241,12 @@ class ModelSpec:
                 f"model {self.name}: n_layers={self.n_layers}, more than any model has "
                 f"(at most {MAX_LAYERS}); pass the model's own"
             )
+        for key in ("attn_params", "latent_expand_params"):
+            if getattr(self, key) > MAX_LAYER_PARAMS:
+                raise ConfigError(
+                    f"model {self.name}: {key}={getattr(self, key)}, more weights in a layer "
+                    f"than any whole model has (at most {MAX_LAYER_PARAMS}); pass the model's own"
+                )
 
     # ---- sizes -------------------------------------------------------------------------
     @cached_property
@@ -501,16 +509,9 @@ class RoutingConfig:
                     f"workload.routing.{f_}: {', '.join(map(str, twice))} given twice; name each "
                     "task once"
                 )
-        for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
-            check_finite("workload.routing", **{f_: getattr(self, f_)})
-        for f_ in ("layer_corr", "reuse", "hot_share"):
-            v = getattr(self, f_)
-            if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"workload.routing.{f_} must be in [0, 1], got {v}; pass one")
-        if self.skew < 0:
-            raise ConfigError(
-                f"workload.routing.skew must be >= 0, got {self.skew}; pass 0 (even) or more"
-            )
+        for f_ in ("skew", "layer_corr", "reuse", "hot_share"):  # NaN and inf too
+            check_span("", f_, getattr(self, f_), f"workload.routing.{f_}")
+        check_finite("workload.routing", hot_experts=self.hot_experts)
         integer_field("workload.routing.hot_experts", self.hot_experts, 0, "pass 0 (none) or more")
         if self.hot_experts and not self.hot_share > 0:
             raise ConfigError(

@@ -27,6 +27,11 @@ from planners.registry import register
 PREDICTORS = tuple(ReplicaPredictor)
 
 
+# prior_weight's highest: a million iterations' worth, past any run's (times a label's
+# selections it overflowed a float64 to inf, and the shares were NaN)
+MAX_PRIOR = 1e6
+
+
 @dataclass(frozen=True)
 class PredictiveParams(ReplicaParams):
     predictor: str = ReplicaPredictor.LAYER_CORR  # a ReplicaPredictor (configs give strings)
@@ -73,10 +78,11 @@ class PredictiveParams(ReplicaParams):
                 f"predictive_replication: {integer_below('window', self.window, 1)}; pass "
                 "window=1 or more (iterations in the load's mean)"
             )
-        if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
+        if not (math.isfinite(self.prior_weight) and 0 <= self.prior_weight <= MAX_PRIOR):
             raise ConfigError(
                 f"predictive_replication: prior_weight={self.prior_weight} must be a finite "
-                "number >= 0 (iterations' worth of the prior in the window's mean); pass one"
+                f"number in [0, {MAX_PRIOR:g}] (iterations' worth of the prior in the window's "
+                "mean; past it the prior alone decides); pass one"
             )
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(

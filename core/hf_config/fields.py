@@ -18,6 +18,7 @@ from core.errors import ConfigError, cannot_read
 from core.files import TRANSFORMERS_JSON, loads_json_as_owner, note_once, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
+from core.spec_fields import SPANS
 
 
 def _is_int(v: Any) -> bool:
@@ -62,6 +63,9 @@ EXPERTS = Rule(  # expert ids are int16
 FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
 NUMBER = Rule(_is_number, "a number")
+# a norm's epsilon and RoPE's base, in the ranges core.spec takes (core.spec_fields.SPANS)
+EPS = Rule(SPANS["rms_norm_eps"].holds, SPANS["rms_norm_eps"].words())
+THETA = Rule(SPANS["rope_theta"].holds, SPANS["rope_theta"].words())
 BETA = Rule(lambda v: _is_number(v) and v >= 0, "a positive number, 0 (the default)")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
 TEXT = Rule(lambda v: isinstance(v, str), "a string")
@@ -97,8 +101,8 @@ FIELDS: dict[str, Rule] = {
     "head_dim": WIDTH.or_null(),
     "vocab_size": WIDTH,
     "max_position_embeddings": COUNT,
-    "rms_norm_eps": POSITIVE,
-    "rope_theta": POSITIVE,
+    "rms_norm_eps": EPS,
+    "rope_theta": THETA,
     "rope_scaling": OBJECT.or_null(),
     "rope_parameters": OBJECT.or_null(),
     # transformers' quantizers read it as an object (core.hf_config.runtime.fp8_block)
@@ -162,7 +166,7 @@ FIELDS: dict[str, Rule] = {
     "num_sparse_encoder_layers": SIZE,
     "num_decoder_layers": SIZE.or_null(),  # T5's decoder, which moepipe's substitute replaces
     "num_sparse_decoder_layers": SIZE,
-    "layer_norm_epsilon": POSITIVE,
+    "layer_norm_epsilon": EPS,
     "dense_act_fn": TEXT,
     "router_bias": FLAG,
     "router_dtype": TEXT,
@@ -171,7 +175,7 @@ FIELDS: dict[str, Rule] = {
 ROPE_FIELDS: dict[str, Rule] = {
     "rope_type": TEXT,
     "type": TEXT,
-    "rope_theta": POSITIVE,
+    "rope_theta": THETA,
     "factor": POSITIVE.or_null(),  # yarn's null: max_position_embeddings over the original's
     "original_max_position_embeddings": COUNT.or_null(),
     "attention_factor": POSITIVE.or_null(),

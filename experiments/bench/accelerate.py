@@ -27,6 +27,8 @@ from typing import Any
 from core.args import (
     MAX_REPEATS,
     MAX_TOKENS,
+    PEER_LIMIT,
+    PEER_LIMIT_WHY,
     REPEATS_WHY,
     TOKENS_WHY,
     as_float,
@@ -85,7 +87,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
         as_int(k, d[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
     as_size_mb("slack_mb", d["slack_mb"])
     as_int("repeats", d["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
-    as_float("peer_limit", d["peer_limit"], at_least=0.0)
+    as_float("peer_limit", d["peer_limit"], at_least=0.0, at_most=PEER_LIMIT, why=PEER_LIMIT_WHY)
     d["room"] = checked_room(str(d["room"]), d["cold"])
     as_size_mb("room_margin_mb", d["room_margin_mb"])
     as_size_mb("host_room_mb", d["host_room_mb"])

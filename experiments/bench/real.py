@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.args import MAX_SIZE_MB, MAX_TOKENS, TOKENS_WHY, as_float, as_int, as_size_mb
+from core.args import (
+    MAX_SIZE_MB,
+    MAX_TOKENS,
+    PEER_LIMIT,
+    PEER_LIMIT_WHY,
+    TOKENS_WHY,
+    as_float,
+    as_int,
+    as_size_mb,
+)
 from core.errors import MoepipeError, did_you_mean
 from core.files import staging_file
 from experiments.common import peers as pe
@@ -269,7 +278,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     for key in ("gen_len", "batch_size", "prompt_len"):
         as_int(key, getattr(opts, key), at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
     as_size_mb("slack_mb", opts.slack_mb)
-    as_float("peer_limit", opts.peer_limit, at_least=0.0)
+    as_float("peer_limit", opts.peer_limit, at_least=0.0, at_most=PEER_LIMIT, why=PEER_LIMIT_WHY)
     as_int("n", opts.n, at_least=0)
     as_int("calib_layers", opts.calib_layers, at_least=1)
     pe.checked_routing(opts.routing)

@@ -75,6 +75,7 @@ def _scoped() -> dict[str, dict[str, tuple[int, int | None, str]]]:
 
     from core.hardware import PHYSICAL
     from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH
+    from core.spec_fields import MAX_LAYER_PARAMS
     from planners.ep.params import MAX_DEVICES
     from planners.klotski import MAX_WARMUP_SEQUENCES
     from planners.n_planner import N_MAX
@@ -94,6 +95,10 @@ def _scoped() -> dict[str, dict[str, tuple[int, int | None, str]]]:
                 ("dense_ffn_size", "shared_ffn_size", "kv_dim", "qk_head_dim"), (0, MAX_WIDTH, wide)
             ),
             **dict.fromkeys(("qk_rope_head_dim", "q_lora_rank"), (0, MAX_WIDTH, wide)),
+            **dict.fromkeys(
+                ("attn_params", "latent_expand_params"),
+                (0, MAX_LAYER_PARAMS, "more weights in a layer than any whole model has"),
+            ),
             "n_experts": (1, MAX_EXPERTS, "expert ids are int16"),
             "top_k": (1, MAX_EXPERTS, "at most n_experts"),
             "dtype_bytes": (1, 8, "1, 2, 4 or 8"),

@@ -189,7 +189,7 @@ def test_the_default_scale_is_taken_by_a_full_size_model(dtype: dict[str, bool])
 @pytest.mark.parametrize("eps", [1e-300, 1e-40])
 def test_an_rms_norm_eps_float32_cannot_hold_is_refused(eps: float) -> None:
     spec = reduced_spec("mixtral-tiny", rms_norm_eps=eps)
-    raises_one_line(lambda: check_usable(spec), "rms_norm_eps=", "in [1.18e-38, 3.4e+38]")
+    raises_one_line(lambda: check_usable(spec), "rms_norm_eps=", "in [1.18e-38, 1)")
 
 
 @pytest.mark.parametrize("factor", [1e39, 1e300])

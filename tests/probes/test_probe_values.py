@@ -300,10 +300,11 @@ def test_a_result_beyond_what_collect_reads_is_refused_before_it_is_written() ->
 
 
 def test_a_steep_skew_runs_without_numpy_warnings(tmp_path: Path, cli_here: Any) -> None:
-    """workload.routing.skew=1000 weighs ranks past rank**1000 > 1e308 as 0 (their limit):
-    numpy's overflow warning went to stderr over two lines of a run that succeeded (in this
-    process: `cli_here` counts each warning Python would print as a line of stderr)."""
-    args = [*TINY, "workload.routing.skew=1000", f"hydra.run.dir={tmp_path}/r"]
+    """A skew of 1000 weighed ranks past rank**1000 > 1e308 as 0 (their limit): numpy's overflow
+    warning went to stderr over two lines of a run that succeeded (in this process: `cli_here`
+    counts each warning Python would print as a line of stderr). The steepest skew taken now
+    is 64 (core.spec_fields.SPANS; round 28c), which runs without one."""
+    args = [*TINY, "workload.routing.skew=64", f"hydra.run.dir={tmp_path}/r"]
     r = cli_here("experiments.run", *args)
     assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
 

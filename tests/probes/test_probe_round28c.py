@@ -1,0 +1,253 @@
+"""Round 28c of issue 48: config values accepted silently, and lines in Python's form; one
+class a group (the probe: tests/probes/harness28c.py):
+1. a float (or int) that passes its type check but is meaningless further on: `rms_norm_eps=
+   1e308` (every normalised activation 0), `rope_theta=1e308`, `workload.routing.skew=1e308`,
+   `latent_expand_params` of 23 digits ran with exit 0, from the command line, a model YAML or
+   a checkpoint's config.json. Each float field of a model and a routing has a working range
+   (core.spec_fields.SPANS), refused past either end in one line that states it; every float
+   field of every command's schema refuses 1e308, -1e308, NaN and inf.
+2. a field only some families read (`q_lora_rank`, `qk_rope_head_dim` on a Mixtral; the shared
+   experts' size on OLMoE) was accepted and changed nothing a run of that family reads.
+3. a control character in hydra's flags (`--config-dir`, `-cn`, `--config-path`) or inside a
+   user's YAML value: one line naming the flag or the field, with a fix that pastes.
+4. a sweep point's failed line (failed.txt) showed a swept value in Python's form (`1e+300`).
+Also: `hardware.memory_gb.cpu=-1e308` was an internal error (an int of -inf bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.spec import ModelSpec, RoutingConfig
+from core.spec_fields import MAX_LAYER_PARAMS, SPANS
+from tests.conftest import conf
+from tests.probes import test_probe_round26c as r26c
+from tests.probes import test_probe_round26c_gaps as g26
+from tests.probes import test_probe_round27c as r27c
+from tests.probes.conftest import one_line
+
+TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
+
+# --- 1. finite but absurd numbers ---
+
+
+def _model(**over: Any) -> ModelSpec:
+    return ModelSpec.from_dict(conf("model", "tiny") | over)
+
+
+def _routing(name: str, v: float) -> RoutingConfig:
+    """A routing of `name`=v; hot_share with the one hot expert it needs, but for 0 (none)."""
+    hot = name == "hot_share" and not (isinstance(v, float) and v == 0.0)
+    return RoutingConfig(**{name: v}, **({"hot_experts": 1} if hot else {}))
+
+
+_MODEL_SPANS = ("rms_norm_eps", "rope_theta")
+_ROUTING_SPANS = ("skew", "layer_corr", "reuse", "hot_share")
+
+
+def _ends(name: str) -> tuple[list[float], list[float]]:
+    """(values refused, values taken) at `SPANS[name]`'s ends: an open end refused and the
+    next float inside taken; a closed end taken and the next float outside refused."""
+    s = SPANS[name]
+    refused, taken = [], []
+    for end, outward, is_open in ((s.low, -math.inf, s.low_open), (s.high, math.inf, s.high_open)):
+        inward = -outward
+        if is_open:
+            refused.append(end)
+            taken.append(math.nextafter(end, inward))
+        else:
+            refused.append(math.nextafter(end, outward))
+            taken.append(end)
+    return refused, taken
+
+
+@pytest.mark.parametrize("name", [*_MODEL_SPANS, *_ROUTING_SPANS])
+def test_each_float_span_is_its_checks(name: str) -> None:
+    """Class: a finite float past any meaning (`rms_norm_eps=1e308`, `rope_theta=1e308`,
+    `skew=1e308`) was taken with exit 0. The check refuses the value just past each end of
+    the stated range (core.spec_fields.SPANS) in one line stating it, and takes each end."""
+    build = (lambda v: _model(**{name: v})) if name in _MODEL_SPANS else lambda v: _routing(name, v)
+    refused, taken = _ends(name)
+    for v in [*refused, 1e308, -1e308, math.nan, math.inf]:
+        with pytest.raises(ConfigError) as info:
+            build(v)
+        assert f"{name}=" in str(info.value) and SPANS[name].words() in str(info.value)
+    for v in taken:
+        build(v)
+
+
+@pytest.mark.parametrize("name", ["rms_norm_eps", "rope_theta", "layer_norm_epsilon"])
+def test_config_jsons_floats_take_the_same_span(name: str, tiny_ckpt: Path) -> None:
+    """Class: the same values in a checkpoint's config.json (transformers takes them; the run
+    computed with them): refused naming the file's field, in the spec's range."""
+    import json
+
+    from core.hf_config import hf_config_to_spec
+
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    if name == "layer_norm_epsilon":  # Switch's
+        cfg = json.loads(
+            json.dumps(
+                {
+                    "model_type": "switch_transformers",
+                    "num_layers": 2,
+                    "d_model": 64,
+                    "d_ff": 32,
+                    "num_experts": 4,
+                    "num_heads": 4,
+                    "d_kv": 16,
+                    "vocab_size": 128,
+                    "encoder_sparse_step": 1,
+                }
+            )
+        )
+    span = SPANS["rope_theta" if name == "rope_theta" else "rms_norm_eps"]
+    refused, taken = _ends("rope_theta" if name == "rope_theta" else "rms_norm_eps")
+    for v in [*refused, 1e308]:
+        with pytest.raises(ConfigError) as info:
+            hf_config_to_spec(cfg | {name: v}, "ck")
+        assert "config.json" in str(info.value) and name in str(info.value), info.value
+        assert span.words() in str(info.value)
+    for v in taken:
+        hf_config_to_spec(cfg | {name: v}, "ck")
+
+
+@pytest.mark.parametrize("name", ["attn_params", "latent_expand_params"])
+def test_a_layers_weight_count_past_any_model_is_refused(name: str) -> None:
+    """Class: an int that passes its type check and overflows every figure after it: a
+    `latent_expand_params` of 23 digits ran (makespan 3e12 s). At most MAX_LAYER_PARAMS, the
+    stated range int_ranges gives for a value omegaconf refuses too."""
+    from experiments.common.int_ranges import int_range
+
+    mla = conf("model", "deepseek-v2-lite")
+    ModelSpec.from_dict(mla | {name: MAX_LAYER_PARAMS})
+    for v in (MAX_LAYER_PARAMS + 1, 12345678901234567890123):
+        with pytest.raises(ConfigError, match=f"{name}={v}, more weights in a layer"):
+            ModelSpec.from_dict(mla | {name: v})
+    assert int_range(f"model.{name}")[:2] == (0, MAX_LAYER_PARAMS)
+
+
+def _hardware_float(owner: str, name: str) -> Any:
+    """The machine's checks (its spec and what a machine can be) of float field `name` of
+    schema `owner`, set in the tiny machine where that schema sits."""
+    from core.hardware import HardwareSpec, check_physical
+
+    def build(v: float) -> Any:
+        hw = conf("hardware", "tiny")
+        if owner == "MemorySchema":
+            hw = hw | {"memory_gb": dict(hw["memory_gb"]) | {name: v}}
+        elif owner == "LinkSchema":
+            hw = hw | {"links": {**hw["links"], "h2d": dict(hw["links"]["h2d"]) | {name: v}}}
+        elif owner == "ProcessesSchema":
+            one = {"expert": v} if name.endswith("_by_kind") else v
+            hw = hw | {"processes": dict(hw.get("processes") or {}) | {name: one}}
+        else:
+            one = {"expert": v} if name.endswith("_by_kind") else v
+            hw = hw | {"gpu": dict(hw["gpu"]) | {name: one}}
+        return check_physical(HardwareSpec.from_dict(hw))
+
+    return build
+
+
+def _rendezvous(v: float) -> Any:
+    from omegaconf import OmegaConf
+
+    from experiments.common.resolve import run_spec
+
+    executor = {"name": "sim", "rendezvous_timeout_s": v}
+    try:
+        run_spec(OmegaConf.create({"executor": executor}))
+    except ConfigError as e:
+        if "rendezvous_timeout_s" in str(e):
+            raise
+        raise g26._Accepted from None  # past the timeout's check
+
+
+# a command's own float option, checked by the command (as_float in its main): run in this
+# process with the option, the rest of its arguments (refused: one line naming it)
+_OWN = {
+    ("calibrate", "in_run_s"): ("experiments.calibrate", "out=/nonexistent/c.yaml"),
+    ("bench.host", "unit_mb"): ("experiments.bench.host",),
+    ("make_checkpoint", "scale"): ("experiments.make_checkpoint", "model=tiny", "out={t}/ck"),
+    ("make_checkpoint", "shard_mb"): ("experiments.make_checkpoint", "model=tiny", "out={t}/ck"),
+}
+
+
+def _own_check(cli_here: Any, tmp: Path, module: str, *args: str, name: str) -> Any:
+    def check(v: float) -> None:
+        r = cli_here(module, *(a.replace("{t}", str(tmp)) for a in args), f"{name}={v}")
+        if r.returncode != 0 and f"{name}=" in r.stderr:
+            raise ValueError(r.stderr)
+
+    return check
+
+
+def _float_check(cls: type, name: str, cli_here: Any, tmp: Path) -> Any:
+    owner, module = cls.__name__, cls.__module__.removeprefix("experiments.")
+    if owner == "MakeCheckpointOptions":
+        module = "make_checkpoint"
+    if (module, name) in _OWN:
+        return _own_check(cli_here, tmp, *_OWN[module, name], name=name)
+    if owner in ("MemorySchema", "ComputeSchema", "LinkSchema", "ProcessesSchema"):
+        return _hardware_float(owner, name)
+    if owner == "RoutingSchema":
+        return lambda v: _routing(name, v)
+    if owner == "ExecutorSchema":
+        return _rendezvous
+    if owner == "BenchAccelerateOptions" and name == "acc_limit_s":  # the bench's, for a child
+        from experiments.bench.accelerate import BenchAccelerateOptions, from_the_bench
+
+        return lambda v: from_the_bench(BenchAccelerateOptions(checkpoint="c", acc_limit_s=v))
+    return r27c._check_of(cls, name)
+
+
+def _float_fields() -> list[tuple[type, str]]:
+    """Every float-typed field of every command's schema (its groups', the planners' params),
+    a mapping of floats too (`overhead_us_by_kind`)."""
+    found = []
+    for cls, _ in {(c, 0) for c, _ in r26c._int_fields()} | _schema_classes():
+        hints = typing.get_type_hints(cls)
+        found += [(cls, f.name) for f in dataclasses.fields(cls) if "float" in str(hints[f.name])]
+    return sorted(set(found), key=lambda x: (x[0].__name__, x[1]))
+
+
+def _schema_classes() -> set[tuple[type, int]]:
+    from experiments.common import hydra_errors
+
+    return {(c, 0) for c in hydra_errors._schema_classes() if not c.__module__.startswith("hydra")}
+
+
+def test_every_float_field_refuses_absurd_numbers(cli_here: Any, tmp_path: Path) -> None:
+    """Class: a float of a command's schema that passes omegaconf's type and is meaningless
+    further on. Every float field (over 30: the model's, the machine's, the routing's, the
+    executor's, the planners' params, each command's own) refuses 1e308, -1e308, NaN and
+    inf by its check: bench.accelerate's and bench.real's `peer_limit` and predictive
+    replication's `prior_weight` took 1e308."""
+    taken, tried = [], 0
+    for cls, name in _float_fields():
+        if cls.__module__.startswith("hydra_plugins."):  # a launcher's own
+            continue
+        check = _float_check(cls, name, cli_here, tmp_path)
+        tried += 1
+        for v in (1e308, -1e308, math.nan, math.inf):
+            if not g26._refuses(check, v):
+                taken.append((cls.__name__, name, v))
+    assert tried > 30
+    assert not taken, taken
+
+
+# --- also: a negative capacity past an int ---
+
+
+def test_a_negative_capacity_past_an_int_is_one_line(cli_here: Any) -> None:
+    """`hardware.memory_gb.cpu=-1e308` was an internal error (OverflowError: an int of -inf
+    bytes); one line naming the field, as typed."""
+    r = cli_here("experiments.run", *TINY, "hardware.memory_gb.cpu=-1e308")
+    one_line(r, "memory_gb.cpu=-1e308 must be a positive capacity")
