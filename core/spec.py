@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, integer_field
-from core.spec_fields import MAX_LAYER_PARAMS, check_span
+from core.spec_fields import MAX_LAYER_PARAMS, check_family_fields, check_span
 from core.types import Activation, RoutingSource
 
 GB = 1e9
@@ -164,6 +164,8 @@ class ModelSpec:
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "
                     "set it >= 0 (0 = none, or derived from the other fields)"
                 )
+        names = [f.name for f in fields(self) if f.name != "float16"]
+        check_family_fields(f"model {self.name}: ", self.family, vars(self), names)
         try:
             object.__setattr__(self, "activation", Activation(self.activation))
         except ValueError:

@@ -71,3 +71,41 @@ def check_span(at: str, name: str, value: Any, key: str) -> None:
         raise ConfigError(
             f"{at}{key}={value}: must be {span.words()}{why}; pass e.g. {key}={span.example}"
         )
+
+
+MLA = ("deepseek_v2", "deepseek_v3")
+# fields only some families read, with the value that means "none" (the dataclass default):
+# the real executor and config.json's writer read them for these families alone
+FAMILY_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
+    "qk_rope_head_dim": (MLA, 0),
+    "q_lora_rank": (MLA, 0),
+    "qk_head_dim": (MLA, 0),
+    "kv_dim": (MLA, 0),
+    "attn_params": (MLA, 0),
+    "latent_expand_params": (MLA, 0),
+    "shared_ffn_size": (("qwen2_moe", *MLA), 0),  # shared experts
+    "qkv_bias": (("qwen2_moe",), True),  # Qwen2-MoE's q/k/v biases; others follow attention_bias
+    "rope_theta": (("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", *MLA), 1e6),  # Switch: no RoPE
+    # refused first by core.spec's own line (`attention_bias is implemented for ...`)
+    "attention_bias": (("olmoe", "qwen3_moe", *MLA), False),
+    "mlp_bias": (MLA, False),
+}
+
+
+def family_reads(family: str, names: list[str]) -> list[str]:
+    """The fields of `names` (a spec's, in order) that `family` reads."""
+    return [n for n in names if n not in FAMILY_ONLY or family in FAMILY_ONLY[n][0]]
+
+
+def check_family_fields(at: str, family: str, given: dict[str, Any], names: list[str]) -> None:
+    """No field of `given` (a spec's values) set, against its default, that `family` does not
+    read: it would be accepted and change nothing that runs, or size a model no family has."""
+    for key, (families, none) in FAMILY_ONLY.items():
+        value = given[key]
+        default = value == none and isinstance(value, bool) == isinstance(none, bool)
+        if family not in families and not default:
+            raise ConfigError(
+                f"{at}{key}={value} is read by {', '.join(families)} only, not by family "
+                f"{family}, which reads: {', '.join(family_reads(family, names))}; remove "
+                f"{key}, or set model.family"
+            )

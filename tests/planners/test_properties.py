@@ -24,9 +24,10 @@ def setups(draw):
     n_experts = draw(st.integers(2, 8))
     n_layers = draw(st.integers(1, 3))
     moe = tuple(i for i in range(n_layers) if draw(st.booleans()) or i == 0)
+    shared = draw(st.sampled_from([0, 32]))
     model = ModelSpec(
         name="rand",
-        family="mixtral",
+        family="qwen2_moe" if shared else "mixtral",  # a family with shared experts
         n_layers=n_layers,
         moe_layers=moe,
         hidden_size=draw(st.sampled_from([32, 64])),
@@ -38,7 +39,7 @@ def setups(draw):
         head_dim=16,
         vocab_size=64,
         dense_ffn_size=64,
-        shared_ffn_size=draw(st.sampled_from([0, 32])),
+        shared_ffn_size=shared,
     )
     gpu_mb = draw(st.sampled_from([0.1, 0.2, 0.5, 1, 8]))  # tight ones make experts stream
     hw = HardwareSpec.from_dict(

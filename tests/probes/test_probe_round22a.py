@@ -75,7 +75,8 @@ def _from_spec(tmp_path: Path) -> Any:
     from core.hf_config.from_spec import spec_to_hf_config
 
     model = model_from_conf("tiny")
-    return lambda: spec_to_hf_config(replace(model, family="mixtral", shared_ffn_size=8))
+    # (shared experts on a Mixtral, this case before round 28c, are refused by the spec itself)
+    return lambda: spec_to_hf_config(replace(model, moe_layers=(1,), dense_ffn_size=64))
 
 
 def _params(name: str, values: dict[str, Any]) -> Any:

@@ -213,7 +213,11 @@ def _spec_model(name: str) -> Any:
             return {"n_experts": v, "top_k": 1}
         return {name: v}
 
-    return lambda v: ModelSpec.from_dict(conf("model", "tiny") | with_room(v))
+    from core.spec_fields import FAMILY_ONLY
+
+    families = FAMILY_ONLY.get(name, (("mixtral",), None))[0]  # a family that reads it
+    own = {} if "mixtral" in families else {"family": families[0]}
+    return lambda v: ModelSpec.from_dict(conf("model", "tiny") | own | with_room(v))
 
 
 def _hardware(name: str) -> Any:

@@ -26,12 +26,12 @@ import pytest
 
 from core.errors import ConfigError
 from core.spec import ModelSpec, RoutingConfig
-from core.spec_fields import MAX_LAYER_PARAMS, SPANS
+from core.spec_fields import FAMILY_ONLY, MAX_LAYER_PARAMS, SPANS
 from tests.conftest import conf
 from tests.probes import test_probe_round26c as r26c
 from tests.probes import test_probe_round26c_gaps as g26
 from tests.probes import test_probe_round27c as r27c
-from tests.probes.conftest import one_line
+from tests.probes.conftest import cli, one_line
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -241,6 +241,55 @@ def test_every_float_field_refuses_absurd_numbers(cli_here: Any, tmp_path: Path)
                 taken.append((cls.__name__, name, v))
     assert tried > 30
     assert not taken, taken
+
+
+# --- 2. another family's fields ---
+
+
+def _other_family(families: tuple[str, ...]) -> str:
+    return next(f for f in ("mixtral", "olmoe", "switch_transformers") if f not in families)
+
+
+# (attention_bias and mlp_bias: refused by core.spec's older line, "is implemented for")
+@pytest.mark.parametrize("key", sorted(set(FAMILY_ONLY) - {"attention_bias", "mlp_bias"}))
+def test_a_field_the_family_does_not_read_is_refused(key: str) -> None:
+    """Class: a field one family reads, set on another (`q_lora_rank` on a Mixtral, shared
+    experts on OLMoE): accepted silently, changing nothing a run of that family reads. Refused
+    naming the family and the fields it reads."""
+    families, none = FAMILY_ONLY[key]
+    family = _other_family(families)
+    value = (not none) if isinstance(none, bool) else (2.0 if isinstance(none, float) else 8)
+    with pytest.raises(ConfigError) as info:
+        _model(family=family, **{key: value})
+    said = str(info.value)
+    assert f"{key}=" in said and f"family {family}, which reads: " in said, said
+    assert f", {key}," not in said.partition("which reads: ")[2]
+
+
+def test_every_shipped_model_sets_only_fields_its_family_reads() -> None:
+    """The other half: each conf/model file (its own family's fields) is taken as it is."""
+    for path in sorted(Path("conf/model").glob("*.yaml")):
+        ModelSpec.from_dict(conf("model", path.stem))
+
+
+def test_another_familys_field_in_a_users_model_yaml_is_refused(tmp_path: Path) -> None:
+    """Class 2 through a user's model YAML (--config-dir), end to end."""
+    (tmp_path / "model").mkdir()
+    tiny = (Path("conf/model/tiny.yaml")).read_text().replace("name: tiny", "name: mine")
+    (tmp_path / "model" / "mine.yaml").write_text(tiny + "qk_rope_head_dim: 64\n")
+    args = ["--config-dir", str(tmp_path), "model=mine", *TINY[1:]]
+    one_line(cli("experiments.run", *args, f"hydra.run.dir={tmp_path}/r"), "mixtral", "reads")
+
+
+def test_a_key_transformers_ignores_in_config_json_is_taken(tiny_ckpt: Path) -> None:
+    """A checkpoint's config.json follows transformers: a key its family's config class does
+    not know (a newer release's) is kept there and read by nothing; taken here too."""
+    import json
+
+    from core.hf_config import hf_config_to_spec
+
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    hf_config_to_spec(cfg | {"some_future_field": 1}, "ck")
 
 
 # --- also: a negative capacity past an int ---
