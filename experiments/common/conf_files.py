@@ -8,6 +8,7 @@ the shipped conf/ has under the same name (hydra reads conf/'s first: the user's
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import yaml
 from core.errors import MoepipeError
 from core.files import no_file_words, not_regular, read_small
 from core.yaml_size import check_yaml_size
+from experiments.common.path_values import CONTROL, CONTROL_NAMES
 
 _SUFFIXES = (".yaml", ".yml")
 _MAX_FILES = 2000  # a config folder holds tens; `--config-dir /` is not walked past this
@@ -100,7 +102,7 @@ def _check_file(d: Path, path: Path) -> list[str]:
     except yaml.YAMLError:
         return []  # hydra's own line names its line
     group = path.relative_to(d).parent.as_posix().strip(".")
-    wrong = not_fields(data, group.split("/")[-1])
+    wrong = not_fields(data, group.split("/")[-1]) or control_in(data)
     if wrong:
         raise MoepipeError(f"{path}: {wrong}")
     if not isinstance(data, dict) or "defaults" not in data:
@@ -111,6 +113,39 @@ def _check_file(d: Path, path: Path) -> list[str]:
             f"{path}: defaults is {type(defaults).__name__}, not a list of configs; {fix}"
         )
     return [_target(group, e) for e in defaults if isinstance(e, str) and e != "_self_"]
+
+
+def control_in(data: Any, key: str = "") -> str | None:
+    """What a YAML value (or key) of `data` holding a control character says (a newline in a
+    quoted `name: "a\\nb"`, a tab): the field, which character, and the line to write instead
+    (as overrides' `path_values.control_line`); None where none holds one. No field takes one:
+    hydra took it, and it reached a run folder's name or a lookup. A hardware file's `sources`
+    (notes, free text) may."""
+    items = data.items() if isinstance(data, dict) else enumerate(data or ())
+    if isinstance(data, str | bytes):
+        items = iter(())
+    for k, v in items:
+        at = f"{key}[{k}]" if isinstance(k, int) else f"{key}.{k}".lstrip(".")
+        if isinstance(k, str) and CONTROL.search(k):
+            return _control_said(at, k, "key")
+        if isinstance(v, str) and CONTROL.search(v) and not at.startswith("sources."):
+            return _control_said(at, v, "value")
+        if isinstance(v, dict | list) and at != "sources":
+            said = control_in(v, at)
+            if said:
+                return said
+    return None
+
+
+def _control_said(at: str, text: str, what: str) -> str:
+    char = CONTROL.search(text).group()  # type: ignore[union-attr]
+    name = CONTROL_NAMES.get(char, f"a control character ({char!r})")
+    fixed = CONTROL.sub("", text)
+    line = fixed if what == "key" else f"{at.rsplit('.', 1)[-1]}: {json.dumps(fixed)}"
+    return (
+        f"{at}: its {what} {json.dumps(text)} holds {name}, which no field takes; write it "
+        f"on one line: {line}"
+    )
 
 
 def not_fields(data: Any, group: str) -> str | None:

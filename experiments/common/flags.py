@@ -13,6 +13,7 @@ from pathlib import Path
 from core.errors import MoepipeError, did_you_mean
 from core.files import no_folder_there
 from experiments.common.argv_checks import refuse_idle_flags
+from experiments.common.path_values import CONTROL, CONTROL_NAMES, shell_arg
 
 # hydra's flags that take a value (`--cfg job`): the value stays with its flag
 VALUE_FLAGS = {
@@ -70,6 +71,7 @@ def check_flags(flags: list[str]) -> list[str]:
     choices, a flag missing its value, two modes at once), each one line naming the flag, not
     argparse's 8 lines of usage; returned with `--info`'s value filled in (left out, argparse
     would take the override after it for its value)."""
+    refuse_control(flags)
     out: list[str] = []
     modes: list[str] = []
     i = 0
@@ -119,6 +121,26 @@ def check_flags(flags: list[str]) -> list[str]:
         )
     refuse_idle_flags(out, {**_SHORT, "-h": "--help"})
     return out
+
+
+def refuse_control(flags: list[str]) -> None:
+    """A flag or a flag's value holding a control character (`--config-dir $'a\\nb'`, a line
+    break pasted into `-cn`): one line naming the flag, with the flag and its value without it,
+    each quoted for the shell, as overrides' (`path_values.control_line`); hydra read such a
+    folder or config name as given, and failed or wrote to a folder of that name."""
+    for i, arg in enumerate(flags):
+        found = CONTROL.search(arg)
+        if found is None:
+            continue
+        flag = flags[i - 1] if i and flags[i - 1] in VALUE_FLAGS else ""
+        char = found.group()
+        name = CONTROL_NAMES.get(char, f"a control character ({char!r})")
+        shown = CONTROL.sub(lambda m: repr(m.group())[1:-1], arg)
+        fix = " ".join(shell_arg(a) for a in (flag, CONTROL.sub("", arg)) if a)
+        raise MoepipeError(
+            f"{flag + ' ' if flag else ''}{shown}: holds {name}, which no flag takes (bash's "
+            f"$'...' or a line break pasted into the command); pass it on one line: {fix}"
+        )
 
 
 def _nearest_flag(flag: str) -> str:

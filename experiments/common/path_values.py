@@ -146,8 +146,8 @@ def _hydra_quoted(item: str) -> str:
 
 # a newline, a tab, a carriage return...: what bash's $'...' or a pasted line break puts in an
 # argument; no key or value of the commands holds one, and no fix holding one pastes as one line
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
 
 
 def control_line(override: str, fix: Callable[[str], str] = lambda o: o) -> str | None:
@@ -155,14 +155,14 @@ def control_line(override: str, fix: Callable[[str], str] = lambda o: o) -> str 
     and the override without them (as `fix` makes it one of hydra's grammar), quoted for the
     shell (a fix holding the newline, shown `\\n`, pasted as the two characters \\ and n);
     None where it holds none."""
-    found = _CONTROL.search(override)
+    found = CONTROL.search(override)
     if found is None:
         return None
     char = found.group()
-    name = _CONTROL_NAMES.get(char, f"a control character ({char!r})")
-    shown = _CONTROL.sub(lambda m: repr(m.group())[1:-1], override)
+    name = CONTROL_NAMES.get(char, f"a control character ({char!r})")
+    shown = CONTROL.sub(lambda m: repr(m.group())[1:-1], override)
     return (
         f"{shown}: holds {name}, which no option takes (bash's $'...' or a line break "
         f"pasted into the command); pass it on one line: "
-        f"{shell_arg(fix(_CONTROL.sub('', override)))}"
+        f"{shell_arg(fix(CONTROL.sub('', override)))}"
     )

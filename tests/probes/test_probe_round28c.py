@@ -31,7 +31,7 @@ from tests.conftest import conf
 from tests.probes import test_probe_round26c as r26c
 from tests.probes import test_probe_round26c_gaps as g26
 from tests.probes import test_probe_round27c as r27c
-from tests.probes.conftest import cli, one_line
+from tests.probes.conftest import cli, one_line, pasted
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -290,6 +290,46 @@ def test_a_key_transformers_ignores_in_config_json_is_taken(tiny_ckpt: Path) -> 
 
     cfg = json.loads((tiny_ckpt / "config.json").read_text())
     hf_config_to_spec(cfg | {"some_future_field": 1}, "ck")
+
+
+# --- 3. control characters in hydra's flags and in a user's YAML ---
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--config-dir", "/tmp/a\nb"),
+        ("-cd", "/tmp/a\tb"),
+        ("--config-name", "config\n"),
+        ("-cn", "con\x1bfig"),
+        ("--config-path", "/x\r"),
+        ("-cp", "a\nb"),
+    ],
+)
+def test_a_control_character_in_a_flag_is_one_line_with_a_fix(
+    cli_here: Any, flag: str, value: str
+) -> None:
+    """Class: a newline (tab, ESC) in a hydra flag's value: hydra read a folder or a config of
+    that name. One line naming the flag, with the flag and its value without it, each a
+    shell word, as an override's line has."""
+    line = one_line(cli_here("experiments.run", flag, value, *TINY), flag)
+    fix = line.partition("pass it on one line: ")[2]
+    assert fix.split(" ", 1)[0] == flag
+    assert pasted(fix.split(" ", 1)[1]) == "".join(c for c in value if c.isprintable())
+
+
+def test_a_control_character_in_a_users_yaml_value_is_one_line(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    """Class: a quoted YAML value holding a newline or ESC (`family: "mix\\x1btral"`): the
+    line named the value's check (or the wrong fix, `hardware=FILE.yaml`), not the file.
+    One line naming the file and the field, with the line to write instead."""
+    (tmp_path / "model").mkdir()
+    tiny = Path("conf/model/tiny.yaml").read_text()
+    (tmp_path / "model" / "mine.yaml").write_text(tiny.replace("name: tiny", 'name: "mi\\nne"'))
+    r = cli_here("experiments.run", "--config-dir", str(tmp_path), "model=mine", *TINY[1:])
+    line = one_line(r, "mine.yaml", "name", "a newline")
+    assert line.endswith('write it on one line: name: "mine"'), line
 
 
 # --- also: a negative capacity past an int ---
