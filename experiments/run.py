@@ -86,6 +86,7 @@ from experiments.common.run_dir import (
 )
 from experiments.common.schema import RunSchema
 from experiments.common.tables import display_name, run_line
+from experiments.common.typed_values import with_typed
 from experiments.common.unused_n import warn_unused_n_batches
 
 log = logging.getLogger(__name__)
@@ -426,7 +427,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep
         # exits 2 at its end (SweepProgress) naming the failed runs. An unexpected error is
         # recorded too, with the file holding its traceback.
-        line = any_error_line(e)
+        line = with_typed(any_error_line(e))  # a swept value as typed (`1e300`, not 1e+300)
         said = line.removeprefix(f"{out_dir}: ")  # an OSError's line names the dir already
         settle(e)  # the point's warnings, before its line
         print(f"error: run {out_dir}: {said}", file=sys.stderr)

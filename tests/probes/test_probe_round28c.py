@@ -332,6 +332,32 @@ def test_a_control_character_in_a_users_yaml_value_is_one_line(
     assert line.endswith('write it on one line: name: "mine"'), line
 
 
+# --- 4. a sweep point's line as typed ---
+
+
+def test_a_sweep_points_failed_line_shows_the_value_as_typed(tmp_path: Path) -> None:
+    """Class: a sweep point's failed.txt (and its line) showed a swept value in Python's form
+    (`gpu.tflops=1e+300`): a user could not find it in their command. Shown as typed, in the
+    joblib launcher's worker processes too."""
+    args = [*TINY, "planner=flexgen", "hardware.gpu.tflops=1e300,2", f"hydra.sweep.dir={tmp_path}"]
+    r = cli("experiments.run", "-m", *args)
+    assert r.returncode != 0
+    (failed,) = tmp_path.rglob("failed.txt")
+    assert "tflops=1e300 " in failed.read_text(), failed.read_text()
+
+
+def test_a_swept_values_items_are_each_shown_as_typed() -> None:
+    from experiments.common import typed_values as tv
+
+    tv.set_typed(["disk_mb=1e300,2.50", "scale=[1e300]"])
+    try:
+        assert tv.as_typed("disk_mb", "1e+300", at="") == "1e300"
+        assert tv.with_typed("disk_mb=2.5 and disk_mb=1e+300") == "disk_mb=2.50 and disk_mb=1e300"
+        assert tv.with_typed("scale=1e+300") == "scale=1e+300"  # a list's item: not a point's
+    finally:
+        tv.set_typed([])
+
+
 # --- also: a negative capacity past an int ---
 
 
