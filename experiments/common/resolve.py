@@ -48,9 +48,10 @@ def name_part(value: Any, key: str) -> str:
     name (a `/` or `..` would put the run outside its folder, or nest folders)."""
     name = str(value)
     if not re.fullmatch(r"\w[\w.+\-]*", name):
+        group = key.partition(".")[0]  # model.name: model=FILE.yaml
         raise ConfigError(
             f"{key}={name!r}: a name is letters, digits, '_', '-', '+' and '.' (it names the "
-            "run's folder); to read a file pass its path as the group, e.g. hardware=FILE.yaml"
+            f"run's folder); to read a file pass its path as the group, e.g. {group}=FILE.yaml"
         )
     return long_name_refused(name, key, "the run's folder")
 

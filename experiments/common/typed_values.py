@@ -68,9 +68,20 @@ def with_typed(line: str) -> str:
     return line
 
 
+_WHOLE = re.compile(r"[-+]?\d+")
+
+
 def _swap(typed: str, number: float) -> Callable[[re.Match[str]], str]:
-    """A substitution putting `typed` for a number equal to `number`."""
-    return lambda m: m.group(1) + (typed if float(m.group(2)) == number else m.group(2))
+    """A substitution putting `typed` for a number equal to `number`, but for a whole number a
+    line's fix holds where `typed` is no whole number's text (`pass top_k=2` for a typed 2.0,
+    `pass n=1000000000` for a typed 1e9: the fix is that form)."""
+
+    def swap(m: re.Match[str]) -> str:
+        held = m.group(2)
+        fix = _WHOLE.fullmatch(held) is not None and _WHOLE.fullmatch(typed) is None
+        return m.group(1) + (typed if float(held) == number and not fix else held)
+
+    return swap
 
 
 def as_typed(key: str, value: str, at: str) -> str:

@@ -366,3 +366,20 @@ def test_a_negative_capacity_past_an_int_is_one_line(cli_here: Any) -> None:
     bytes); one line naming the field, as typed."""
     r = cli_here("experiments.run", *TINY, "hardware.memory_gb.cpu=-1e308")
     one_line(r, "memory_gb.cpu=-1e308 must be a positive capacity")
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("model.top_k=2.0", "pass model.top_k=2"),
+        ("workload.batch_size=4.0", "pass workload.batch_size=4"),
+        ("model.name=''", "e.g. model=FILE.yaml"),
+    ],
+)
+def test_a_lines_fix_is_in_the_form_it_asks_for(cli_here: Any, given: str, fix: str) -> None:
+    """Class (found by the probe): a line's fix said the refused value back. A whole number
+    typed as a float (`top_k=2.0`) was told "pass model.top_k=2.0": showing values as typed
+    put the typed form into the fix too. An empty model.name was told to pass
+    hardware=FILE.yaml."""
+    line = one_line(cli_here("experiments.run", *TINY, given))
+    assert line.endswith(fix) or f"{fix} " in line or f"{fix};" in line, line
