@@ -383,3 +383,12 @@ def test_a_lines_fix_is_in_the_form_it_asks_for(cli_here: Any, given: str, fix: 
     hardware=FILE.yaml."""
     line = one_line(cli_here("experiments.run", *TINY, given))
     assert line.endswith(fix) or f"{fix} " in line or f"{fix};" in line, line
+
+
+def test_the_probe_lists_over_200_cases() -> None:
+    """The probe's case list (harness28c) covers every class above and other commands'."""
+    from tests.probes.harness28c import CASES
+
+    assert len(CASES) > 200
+    assert {c.cls for c in CASES} >= {"absurd", "family", "control", "sweep", "hf", "command"}
+    assert len({c.id for c in CASES}) == len(CASES)
