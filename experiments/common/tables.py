@@ -79,7 +79,8 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
         linked = [here / n for n in dirs if not n.startswith(".") and (here / n).is_symlink()]
         found += [d for d in linked if any((d / m).exists() for m in marks)]
         gone = (here / n for n in files if not n.startswith(".") and n not in marks)
-        found += [p for p in gone if p.is_symlink() and not p.exists()]  # read_run says it
+        # a run dir's own dead link (its trace.parquet) is no run dir linked in: read_run's
+        found += [p for p in gone if here not in found and p.is_symlink() and not p.exists()]
         dirs[:] = [n for n in dirs if not n.startswith(".")]
     for d in found:  # what killed writers left half done goes (as the next writer would)
         clear_leftovers(d)
@@ -102,6 +103,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         )
     if failed:
         return None, failed
+    if broken_link(summary_path):  # a link there, to nowhere: no unfinished run's doing
+        return None, f"summary.json unreadable{broken_link(summary_path)}; point it at the file"
     if not summary_path.exists():
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"

@@ -1,0 +1,78 @@
+"""Round 28d of issue 48: a fresh probe of the FILES every command reads and writes
+(`tests.probes.harness28d` over `tests.probes.cases28d.CASES` and its `SCENARIOS`: a run dir's
+summary.json, trace.parquet and config.yaml as collect, report and trace_json read them, a
+checkpoint's config.json and safetensors headers as validate, calibrate and the benches read
+them, ESFT dumps, a user's conf dir; full and read-only disks, odd paths, two writers at once
+and a writer killed mid-write). Classes found, one test group each:
+
+1. A link leading nowhere inside a run dir (its trace.parquet, a link that loops or whose file
+   was moved) was counted as a run dir of its own that collect and report skipped ("2 run(s),
+   1 skipped" of two runs, both collected), and a summary.json that is such a link was called
+   "no summary.json (unfinished or interrupted; run the sweep again)", which does not help:
+   running the sweep again reuses the point. A run dir's own dead link is no run now, and a
+   dead summary.json link is named as the link it is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.probes.conftest import tiny_run
+
+
+@pytest.fixture(scope="module")
+def sweep_of_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep folder of two finished tiny runs, a and b (tests copy it)."""
+    sw = tmp_path_factory.mktemp("sw28d") / "sw"
+    tiny_run(sw / "a")
+    tiny_run(sw / "b")
+    return sw
+
+
+def _copy(sweep: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(sweep, to / "sw", symlinks=True))
+
+
+def test_the_case_list_covers_every_file_kind_with_over_200_cases() -> None:
+    """The harness's cases, to run again: over 200, ids unique, each kind of file."""
+    from tests.probes.cases28d import CASES
+    from tests.probes.harness28d import SCENARIOS
+
+    ids = Counter([c.id for c in CASES] + [s[0] for s in SCENARIOS])
+    assert len(ids) > 200 and max(ids.values()) == 1
+    classes = {c.cls for c in CASES} | {s[1] for s in SCENARIOS}
+    assert classes >= {"rundir", "hf_config", "safetensors", "esft", "output", "conf", "killed",
+                       "together"}  # fmt: skip
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+def test_a_run_dirs_dead_link_is_no_run_dir(sweep_of_two: Path, tmp_path: Path, link: str) -> None:
+    """Class 1: b's trace.parquet a dead link: the sweep's runs are still a and b, no third."""
+    from experiments.common.tables import run_dirs
+
+    sw = _copy(sweep_of_two, tmp_path)
+    trace = sw / "b/trace.parquet"
+    trace.unlink()
+    trace.symlink_to(trace.name if link == "loop" else "moved.parquet")
+    assert run_dirs(sw) == [sw / "a", sw / "b"]
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+def test_a_dead_summary_link_is_named_as_a_link(
+    sweep_of_two: Path, tmp_path: Path, link: str
+) -> None:
+    """Class 1: b's summary.json a dead link: read_run names the link, not an unfinished run."""
+    from experiments.common.tables import read_run
+
+    sw = _copy(sweep_of_two, tmp_path)
+    summary = sw / "b/summary.json"
+    summary.unlink()
+    summary.symlink_to(summary.name if link == "loop" else "moved.json")
+    row, why = read_run(sw / "b")
+    assert row is None and why is not None
+    assert "symbolic link" in why and "unfinished" not in why, why
