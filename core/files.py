@@ -400,3 +400,23 @@ def unchanged_since(folder: Path, what: str, before: State) -> None:
             f"{folder}: its files changed while they were read (another process rewrote the "
             f"{what}); run again once nothing writes it"
         )
+
+
+def whole_csv(path: Path) -> Any:
+    """The CSV file at `path` a command wrote (pandas' to_csv), read back as a DataFrame, whole:
+    a file cut short (no final newline, a row of fewer fields than its header) raises pandas'
+    ParserError, where read_csv fills a short row's missing fields with NaN without a word."""
+    import csv
+    import io
+
+    import pandas as pd
+
+    text = path.read_text(encoding="utf-8")
+    rows = list(csv.reader(io.StringIO(text)))
+    short = [i for i, r in enumerate(rows) if len(r) != len(rows[0])]
+    if short:
+        n, have = len(rows[0]), len(rows[short[0]])
+        raise pd.errors.ParserError(f"row {short[0]} has {have} fields, its header {n}; cut short?")
+    if text and not text.endswith("\n"):
+        raise pd.errors.ParserError("no newline at its end: cut short")
+    return pd.read_csv(io.StringIO(text))

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from core.args import check_run_folders, not_a_run_folder
 from core.errors import MoepipeError
-from core.files import no_file_there, not_regular
+from core.files import no_file_there, not_regular, whole_csv
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
@@ -426,7 +426,7 @@ def read_results(path: Path) -> pd.DataFrame:
             "experiments.reproduce_klotski first"
         )
     try:
-        df = pd.read_csv(path)
+        df = whole_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
         raise MoepipeError(f"{path}: not a readable CSV ({e}); run reproduce_klotski again") from e
     if "table" not in df:  # experiments.collect writes a results.csv of the same name

@@ -11,6 +11,10 @@ and a writer killed mid-write). Classes found, one test group each:
    "no summary.json (unfinished or interrupted; run the sweep again)", which does not help:
    running the sweep again reuses the point. A run dir's own dead link is no run now, and a
    dead summary.json link is named as the link it is.
+2. reproduce_klotski's report_only=true read back a results.csv cut short (a copy or a disk
+   that stopped mid-row) without a word: pandas fills a short row's missing fields with NaN,
+   and the report printed that row's half. A CSV a command wrote is now read back whole or
+   refused in one line (`core.files.whole_csv`).
 """
 
 from __future__ import annotations
@@ -76,3 +80,27 @@ def test_a_dead_summary_link_is_named_as_a_link(
     row, why = read_run(sw / "b")
     assert row is None and why is not None
     assert "symbolic link" in why and "unfinished" not in why, why
+
+
+def _results_csv(path: Path) -> str:
+    import pandas as pd
+
+    rows = [{"table": "table3", "step": s, "column": 0, "planner": "flexgen", "n": 15,
+             "throughput_tok_s": 12.932566851820622} for s in ("multi", "hot")]  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("cut", [-20, -1])  # mid-row, and only its newline
+def test_a_results_csv_cut_short_is_refused(tmp_path: Path, cut: int) -> None:
+    """Class 2: report_only's results.csv cut short is one line naming it; whole, it is read."""
+    from core.errors import MoepipeError
+    from experiments.reproduce_klotski import read_results
+
+    path = tmp_path / "results.csv"
+    text = _results_csv(path)
+    assert len(read_results(path)) == 2
+    path.write_text(text[:cut])
+    with pytest.raises(MoepipeError) as e:
+        read_results(path)
+    assert str(e.value).startswith(f"{path}: not a readable CSV") and "cut short" in str(e.value)
