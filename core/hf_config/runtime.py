@@ -265,6 +265,16 @@ def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
         )
 
 
+def check_act_known(c: HFConfig, fam: str) -> None:
+    """Refuse an activation name transformers' ACT2FN lacks, for a simulated run too: no
+    framework builds that model (transformers' class fails on it), so its timing is of none.
+    One with learned weights (`LEARNED_ACTS`) is a model, which a simulated run times."""
+    field = "dense_act_fn" if fam == "switch_transformers" else "hidden_act"
+    act = c.get(field, "relu" if field == "dense_act_fn" else "silu")
+    if act not in LEARNED_ACTS:
+        _refuse_act(c, field, act, fam)
+
+
 def _refuse_act(c: HFConfig, field: str, act: str, fam: str) -> None:
     """Refuse an activation the real model does not run: one with learned weights of its own
     (`LEARNED_ACTS`), or a name transformers' ACT2FN does not have."""

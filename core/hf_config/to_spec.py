@@ -18,7 +18,7 @@ from core.hf_config.fields import (
     hf_config_file,
     read_hf_config,
 )
-from core.hf_config.runtime import fp8_block
+from core.hf_config.runtime import check_act_known, fp8_block
 from core.spec import FAMILIES, ModelSpec
 from core.types import Activation
 
@@ -91,6 +91,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         raise c.error(f"model_type {what}; supported: {', '.join(FAMILIES)}")
     _check_architectures(c, family)
     _check_other_family_fields(c, family)
+    check_act_known(c, family)
     dtype = hf_dtype_name(c)
     if dtype not in DTYPE_BYTES:
         raise c.error(

@@ -15,6 +15,10 @@ and a writer killed mid-write). Classes found, one test group each:
    that stopped mid-row) without a word: pandas fills a short row's missing fields with NaN,
    and the report printed that row's half. A CSV a command wrote is now read back whole or
    refused in one line (`core.files.whole_csv`).
+3. A config.json whose activation (hidden_act, Switch's dense_act_fn) is no name transformers'
+   ACT2FN has (`nosuch`) was timed by a simulated run (`+model.hf_config=`) without a word:
+   no framework builds that model. It is refused as the real model refuses it; an ACT2FN
+   name moepipe's real model does not run (gelu_new there; prelu) is still a simulated model.
 """
 
 from __future__ import annotations
@@ -104,3 +108,34 @@ def test_a_results_csv_cut_short_is_refused(tmp_path: Path, cut: int) -> None:
     with pytest.raises(MoepipeError) as e:
         read_results(path)
     assert str(e.value).startswith(f"{path}: not a readable CSV") and "cut short" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "family, field, act, ok",
+    [("mixtral", "hidden_act", "nosuch", False), ("switch_transformers", "dense_act_fn", "gelu_9",
+      False), ("mixtral", "hidden_act", "prelu", True), ("olmoe", "hidden_act", "gelu_new", True)],
+)  # fmt: skip
+def test_an_activation_transformers_lacks_is_refused_in_a_simulated_run(
+    tmp_path: Path, family: str, field: str, act: str, ok: bool
+) -> None:
+    """Class 3: the config.json's spec (what a simulated run times) refuses an activation name
+    ACT2FN lacks in one line naming the file and the field; an ACT2FN name is a model."""
+    import json
+
+    from core.errors import ConfigError
+    from core.spec import ModelSpec
+    from tests.probes.test_probe_hf_config import BASE
+
+    (tmp_path / "config.json").write_text(json.dumps(BASE[_short(family)] | {field: act}))
+    if ok:
+        ModelSpec.from_hf_config(tmp_path)
+        return
+    with pytest.raises(ConfigError) as e:
+        ModelSpec.from_hf_config(tmp_path)
+    line = str(e.value)
+    assert line.startswith(str(tmp_path / "config.json")) and f"{field}={act!r}" in line, line
+    assert "\n" not in line
+
+
+def _short(family: str) -> str:
+    return "switch" if family == "switch_transformers" else family
