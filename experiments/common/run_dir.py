@@ -21,6 +21,7 @@ from typing import Any
 from core.args import not_a_folder
 from core.errors import MoepipeError, without_fix
 from core.files import (
+    broken_link,
     no_file_words,
     not_regular,
     read_small,
@@ -433,11 +434,12 @@ def edited_since_run(out_dir: Path, names: tuple[str, ...] = READ_BACK) -> str |
         what = not_regular(manifest) or "not sha256sum's list of the run's files"
         return f"{manifest}: {what}"
     for digest, name in lines:
-        if name in names and (out_dir / name).exists():
+        path = out_dir / name  # a dead link there too: not a file deleted, one the run wrote
+        if name in names and (path.exists() or path.is_symlink()):
             try:
-                same = _sha256(out_dir / name) == digest
+                same = _sha256(path) == digest
             except OSError as e:
-                return f"{out_dir / name} unreadable ({e.strerror})"
+                return f"{path} unreadable{broken_link(path) or f' ({e.strerror})'}"
             if not same:
                 return f"{out_dir / name} is not the file the run wrote (its hash in {MANIFEST})"
     return None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.probes.cases26d import config, header, raw_bytes, text
+from tests.probes.cases26d import both, config, header, raw_bytes, text
 from tests.probes.cases26d_cmd import _fill, _ro
 from tests.probes.harness26d import Case
 
@@ -196,7 +196,7 @@ def _rundir_cases() -> list[Case]:
                           setup=_sweep(edit), expect=exp, names=() if tr else (name,)))  # fmt: skip
         cases.append(Case(f"rep_{i}", "rundir", REP, ("dir={t}/sw", "out={t}/o"),
                           setup=_sweep(edit), expect=exp, names=() if tr else (name,)))  # fmt: skip
-        texp = "fail" if (tr or name == "config.yaml") else "ok"
+        texp = "ok" if name == "config.yaml" else "fail"  # it reads no config.yaml
         cases.append(Case(f"tj_{i}", "rundir", TJ, ("runs=[{run}]", "out={t}/o.json"),
                           setup=_in_run(edit), expect=texp, names=(name,) if texp == "fail" else (),
                           timeout=60))  # fmt: skip
@@ -243,7 +243,7 @@ def _cj_cases() -> list[Case]:
         ("rope_theta_str", c(rope_theta="1e6"), "rope_theta"),
         ("topk_str", c(num_experts_per_tok="2"), "num_experts_per_tok"),
         ("head_dim_float", c(head_dim=1.5), "head_dim"),
-        ("vocab_null", c(vocab_size=None), "vocab_size"),
+        ("vocab_null", _null("vocab_size"), "vocab_size"),
         ("heads_list", c(num_attention_heads=[4]), "num_attention_heads"),
         ("eps_str", c(rms_norm_eps="1e-5"), "rms_norm_eps"),
         ("maxpos_bool", c(max_position_embeddings=True), "max_position_embeddings"),
@@ -327,7 +327,7 @@ def _st_cases() -> list[Case]:
                     timeout=240)  # fmt: skip
 
     rows = [
-        ("gap", header(_gap), "data_offsets"),
+        ("gap", both(header(_gap), raw_bytes(lambda b: b + bytes(8))), "data_offsets"),
         ("shape_huge", header(_set("q_proj", "shape", [2**40, 2**40])), "shape"),
         ("shape_zero", header(_set("q_proj", "shape", [0, 64])), "shape"),
         ("shape_scalar", header(_set("q_proj", "shape", [])), "shape"),
@@ -421,10 +421,16 @@ def _conv_cases() -> list[Case]:
         _conv("out_full", None, "full", out="out={t}/full/o.npz", setup=_fill),
         _conv("out_ro", None, "ro", out="out={t}/ro/o.npz", setup=_ro),
         _conv("out_parent_file", None, "f", out="out={t}/f/o.npz", setup=text("f", "x")),
-        _conv("out_odd", None, expect="ok", out="out={t}/a b\u00e9#%.npz"),
+        _conv("out_odd", None, expect="ok", out="out='{t}/a b\u00e9#%.npz'"),
         _conv("out_is_src", None, "src", out="out={t}/src"),
         _conv("out_in_src", None, expect="ok", out="out={t}/src/o.npz"),
     ]  # fmt: skip
+
+
+def _quoted(arg: str) -> str:
+    """`key=value` with the value in hydra's quotes, as its line says to pass it."""
+    key, _, value = arg.partition("=")
+    return f"{key}='{value}'"
 
 
 def _out_cases() -> list[Case]:
@@ -459,7 +465,7 @@ def _out_cases() -> list[Case]:
                  setup=lambda t, sw=sw: (sw(t), _ro(t)), names=("ro",), timeout=240),
             Case(f"out_{tag}_parent_file", o, mod, (*base, what.format(t="{t}", d="f")),
                  setup=lambda t, sw=sw: (sw(t), text("f", "x")(t)), names=("f",), timeout=240),
-            Case(f"out_{tag}_odd", o, mod, (*base, what.format(t="{t}", d="a b\u00e9#%")),
+            Case(f"out_{tag}_odd", o, mod, (*base, _quoted(what.format(t="{t}", d="a b\u00e9#%"))),
                  setup=sw, expect="ok", timeout=240),
             Case(f"out_{tag}_loop", o, mod, (*base, what.format(t="{t}", d="lp")),
                  setup=lambda t, sw=sw: (sw(t), (t / "lp").symlink_to("lp")), names=("lp",),
@@ -509,6 +515,64 @@ def _conf_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _klotski_results(t: Path) -> None:
+    """{t}/k: reproduce_klotski's out of a quick Table 3 (made once under the probe's home)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import user_env
+
+    base = t.parent / "base_klotski"
+    if not (base / "results.csv").exists():
+        args = [f"out={base}", "quick=true", "only=[table3]", "jobs=1"]
+        subprocess.run([sys.executable, "-m", "experiments.reproduce_klotski", *args],
+                       env=user_env(), capture_output=True, check=True)  # fmt: skip
+    shutil.copytree(base, t / "k")
+
+
+def _klotski_cases() -> list[Case]:
+    """report_only=true over an earlier out's results.csv and results.json, each malformed."""
+    csv = "results.csv"
+
+    def k(i: str, edit: Callable[[Path], Any] | None, *names: str, expect: str = "fail") -> Case:
+        def setup(t: Path) -> None:
+            _klotski_results(t)
+            if edit:
+                edit(t / "k")
+
+        return Case(f"klo_{i}", "klotski", "experiments.reproduce_klotski",
+                    ("out={t}/k", "report_only=true"), setup=setup, names=names,
+                    expect=expect, timeout=400)  # fmt: skip
+
+    def sed(line: int, old: str, new: str) -> Callable[[Path], None]:
+        def edit(d: Path) -> None:
+            rows = (d / "results.csv").read_text().split("\n")
+            rows[line] = rows[line].replace(old, new, 1)
+            (d / "results.csv").write_text("\n".join(rows))
+
+        return edit
+
+    return [
+        k("ok", None, expect="ok"),
+        k("csv_empty", _write(csv, ""), "results.csv"),
+        k("csv_half", _half(csv), "results.csv"),
+        k("csv_binary", _write(csv, b"\x00\xff\xfe\x80" * 64), "results.csv"),
+        *(k(f"csv_{kind}", _special(csv, kind), "results.csv")
+          for kind in ("dir", "loop", "dangling", "fifo")),
+        k("csv_cut_newline", lambda d: (d / "results.csv").write_text(
+            (d / "results.csv").read_text()[:-1]), "results.csv"),
+        k("csv_header_other", sed(0, "table,", "tablex,"), "results.csv"),
+        k("csv_cols_fewer", sed(0, ",sim_s", ""), "results.csv"),
+        k("csv_tput_word", sed(1, "rtx3090-env1,0,{},15,16,4,", "rtx3090-env1,0,{},15,16,4,x"),
+          "results.csv"),
+        k("csv_n_float", sed(1, ",{},15,", ",{},1.5,"), "results.csv"),
+        k("csv_table_unknown", sed(1, "table3,", "nosuch,"), "results.csv"),
+        k("json_gone", lambda d: (d / "results.json").unlink(), expect="ok"),  # reads the csv
+        k("runs_gone", lambda d: shutil.rmtree(d / "runs"), expect="ok"),
+    ]  # fmt: skip
+
+
 CASES = [
     *_rundir_cases(), *_cj_cases(), *_st_cases(), *_conv_cases(), *_out_cases(), *_conf_cases(),
+    *_klotski_cases(),
 ]  # fmt: skip

@@ -9,8 +9,9 @@ and a writer killed mid-write). Classes found, one test group each:
    was moved) was counted as a run dir of its own that collect and report skipped ("2 run(s),
    1 skipped" of two runs, both collected), and a summary.json that is such a link was called
    "no summary.json (unfinished or interrupted; run the sweep again)", which does not help:
-   running the sweep again reuses the point. A run dir's own dead link is no run now, and a
-   dead summary.json link is named as the link it is.
+   running the sweep again reuses the point; trace_json drew such a run's trace as a run's
+   of one process (its summary.json, which says how many, taken for deleted). A run dir's own
+   dead link is no run now, and a dead link of a run's file is named as the link it is.
 2. reproduce_klotski's report_only=true read back a results.csv cut short (a copy or a disk
    that stopped mid-row) without a word: pandas fills a short row's missing fields with NaN,
    and the report printed that row's half. A CSV a command wrote is now read back whole or
@@ -84,6 +85,25 @@ def test_a_dead_summary_link_is_named_as_a_link(
     row, why = read_run(sw / "b")
     assert row is None and why is not None
     assert "symbolic link" in why and "unfinished" not in why, why
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+def test_trace_json_names_a_dead_summary_link(
+    sweep_of_two: Path, tmp_path: Path, link: str
+) -> None:
+    """Class 1: trace_json of a run whose summary.json is a dead link: one error naming the
+    link; a summary.json deleted (a bare trace) is still drawn."""
+    from core.errors import MoepipeError
+    from experiments.trace_json import read_traces
+
+    sw = _copy(sweep_of_two, tmp_path)
+    summary = sw / "b/summary.json"
+    summary.unlink()
+    assert read_traces(sw / "b")
+    summary.symlink_to(summary.name if link == "loop" else "moved.json")
+    with pytest.raises(MoepipeError) as e:
+        read_traces(sw / "b")
+    assert str(e.value).startswith(f"{summary} unreadable (a symbolic link"), str(e.value)
 
 
 def _results_csv(path: Path) -> str:
