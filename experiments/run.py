@@ -36,7 +36,6 @@ import experiments
 from core.args import checkpoint_folder, checkpoint_folder_line
 from core.errors import CapacityError, ConfigError, quoted
 from core.files import clear_leftovers
-from core.hf_config import hf_config_file
 from core.routing import resolve_source
 from core.spec import ModelSpec
 from core.traces import trace_path
@@ -218,13 +217,21 @@ def check_not_model_folder(cfg: DictConfig, out_dir: Path) -> None:
     real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
     key = "checkpoint" if real else "model.hf_config"
     path = cfg.get("checkpoint") if real else cfg.model.get("hf_config")
-    if path and hf_config_file(str(path)).parent.resolve() == out_dir.resolve():
+    if path and _hf_config_file(path).parent.resolve() == out_dir.resolve():
         raise ConfigError(
             f"hydra.run.dir={out_dir}: the folder of {key}={path}, whose files a run's would "
             "mix with; pass hydra.run.dir= another folder"
         )
     if checkpoint_folder(out_dir):  # another model's: the run's files would go among its own
         raise ConfigError(checkpoint_folder_line(out_dir, "hydra.run.dir", "a run's"))
+
+
+def _hf_config_file(path: object) -> Path:
+    """`core.hf_config.hf_config_file` of `path`, imported only for a model read from a folder:
+    the Hugging Face config reader's modules (5 ms of start-up) are of no run from conf/model."""
+    from core.hf_config import hf_config_file
+
+    return hf_config_file(str(path))
 
 
 def model_files_line(cfg: DictConfig) -> str:
@@ -238,7 +245,7 @@ def model_files_line(cfg: DictConfig) -> str:
     path = cfg.checkpoint if real else cfg.model.get("hf_config")
     if not path:
         return ""
-    config = hf_config_file(str(path))
+    config = _hf_config_file(path)
     h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
     if real:  # the files it reads: a stray weights file beside them is read by no one
         from experiments.common.real_run import read_files  # (torch: a real run's only)

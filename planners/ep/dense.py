@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.hf_config import mla_dims
 from core.shards import kv_shard, shard
 from core.spec import ModelSpec
 from core.types import Dense, OpKind, Tensor
@@ -54,6 +53,8 @@ def _attention_share(m: ModelSpec, gpus: int, device: int) -> int:
     n_q = heads[1] - heads[0]
     o_bias = h if m.attention_bias else 0
     if m.mla:  # MLA: q (or q_b), kv_b and o by heads; q_a and kv_a whole
+        from core.hf_config import mla_dims  # (a reader of HF configs: not every run's import)
+
         dims = mla_dims(m)
         qk, v = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"], dims["v_head_dim"]
         rank = dims["kv_lora_rank"]

@@ -29,6 +29,23 @@ def test_a_single_run_imports_no_process_pool(tmp_path):
     assert (tmp_path / "summary.json").exists()
 
 
+def test_a_run_of_a_conf_model_imports_no_hf_config_reader(tmp_path):
+    """A simulated run of a model from conf/model, on an expert-parallel planner too (whose
+    dense costs read MLA's dims from it for a DeepSeek model), imports no Hugging Face config
+    reader (core.hf_config and its rules: 5 ms of every run's start-up), and writes its run."""
+    env = {**user_env(), "PYTHONPROFILEIMPORTTIME": "1"}
+    r = cli("experiments.run", *TINY[:3], "planner=ep_static", f"hydra.run.dir={tmp_path}", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "experiments.common.run_dir" in imported  # (the import times were read)
+    assert not {m for m in imported if m.startswith("core.hf_config")}
+    assert (tmp_path / "summary.json").exists()
+
+
 def test_planner_params_are_made_into_configs_when_loaded(monkeypatch):
     """The schemas are stored at import, but each planner's params become an OmegaConf config
     (2 ms each) only when hydra loads them: a run loads its own planner's alone. Loaded, each
