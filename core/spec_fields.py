@@ -75,13 +75,14 @@ def check_span(at: str, name: str, value: Any, key: str) -> None:
 
 MLA = ("deepseek_v2", "deepseek_v3")
 # fields only some families read, with the value that means "none" (the dataclass default):
-# the real executor and config.json's writer read them for these families alone
+# the real executor and config.json's writer read them for these families alone (kv_dim and
+# attn_params are not here: the simulator sizes any family's KV cache and attention by them, a
+# knob for an attention no shipped model has; make_checkpoint refuses them where config.json
+# cannot say them)
 FAMILY_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
     "qk_rope_head_dim": (MLA, 0),
     "q_lora_rank": (MLA, 0),
     "qk_head_dim": (MLA, 0),
-    "kv_dim": (MLA, 0),
-    "attn_params": (MLA, 0),
     "latent_expand_params": (MLA, 0),
     "shared_ffn_size": (("qwen2_moe", *MLA), 0),  # shared experts
     "qkv_bias": (("qwen2_moe",), True),  # Qwen2-MoE's q/k/v biases; others follow attention_bias

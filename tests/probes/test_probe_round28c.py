@@ -272,6 +272,19 @@ def test_every_shipped_model_sets_only_fields_its_family_reads() -> None:
         ModelSpec.from_dict(conf("model", path.stem))
 
 
+@pytest.mark.parametrize("key", ["kv_dim", "attn_params"])
+def test_the_simulators_attention_knobs_stay_open_to_every_family(key: str) -> None:
+    """The other side of class 2: `kv_dim` and `attn_params` size any family's KV cache and
+    attention in the simulator (a Mixtral with another attention), so a Mixtral takes them and
+    its sizes follow; only make_checkpoint, whose config.json cannot say them, refuses them."""
+    base = _model(family="mixtral")
+    changed = _model(family="mixtral", **{key: 4096})
+    if key == "kv_dim":
+        assert changed.kv_elems_per_token == 4096 != base.kv_elems_per_token
+    else:
+        assert changed.attn_param_count != base.attn_param_count
+
+
 def test_another_familys_field_in_a_users_model_yaml_is_refused(tmp_path: Path) -> None:
     """Class 2 through a user's model YAML (--config-dir), end to end."""
     (tmp_path / "model").mkdir()
