@@ -4,7 +4,9 @@ command may change, an override's parse that a caller may change, a failure each
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -70,3 +72,41 @@ def test_an_interpolated_default_follows_each_composes_choice(tmp_path: Path) ->
         for choice in ("y", "x", "y"):
             want = {"a": {f"a{choice}": 1}, "c": {"b": {f"b{choice}": 1}}}
             assert _composed(tmp_path, f"a={choice}") == want
+
+
+def test_a_configs_defaults_are_merged_once_and_each_compose_gets_its_own_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The project's tiny run config composed afresh and kept: the same config (its hydra node
+    too), its defaults loaded and merged the first time only, and a copy that a command may
+    change."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    import experiments.common.app  # noqa: F401 (the schemas it stores)
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    tiny = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
+
+    def yaml_of() -> tuple[str, Any]:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose("config", tiny, return_hydra_config=True)
+        return OmegaConf.to_yaml(cfg), cfg
+
+    merged: list[Any] = []
+    load = ConfigLoaderImpl._load_single_config
+    monkeypatch.setattr(
+        ConfigLoaderImpl,
+        "_load_single_config",
+        lambda self, default, repo: merged.append(default) or load(self, default, repo),
+    )
+    hydras = inspect.unwrap(ConfigLoaderImpl._compose_config_from_defaults_list)
+    monkeypatch.setattr(ConfigLoaderImpl, "_compose_config_from_defaults_list", hydras)
+    fresh, _ = yaml_of()  # hydra's own (the test session's kept composes set aside)
+    merged.clear()
+    with composing_kept():
+        first, cfg = yaml_of()
+        cfg.workload.batch_size = 99
+        n = len(merged)
+        again, _ = yaml_of()
+    assert first == again == fresh
+    assert n > 0 and len(merged) == n  # the second compose merged nothing again
