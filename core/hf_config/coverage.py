@@ -179,6 +179,7 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "moe_intermediate_size": (READ, _P10V3),
         "routed_scaling_factor": (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
         _NORM: (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
+        # null: None in transformers' class, which rotates halves then (round28's null test)
         "rope_interleave": (READ, "deepseek_v3-rope_half in " + _P10V3),
     },
     "switch_transformers": BASE

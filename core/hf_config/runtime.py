@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.hf_config.fields import COUNT, HFConfig, Rule
+from core.hf_config.fields import COUNT, FLAG, HFConfig, Rule
 from core.spec import ModelSpec
 
 # the hidden_act names of transformers' ACT2FN that the real model runs in its gated experts
@@ -87,8 +87,16 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
         if spec.family == "switch_transformers"
         else c.get("hidden_act", "silu"),
         sigmoid_router=v3,
-        mla_rope=("interleave" if c.get("rope_interleave", True) else "half") if v3 else "pairs",
+        mla_rope=_mla_rope(c) if v3 else "pairs",
     )
+
+
+def _mla_rope(c: HFConfig) -> str:
+    """DeepSeek-V3's MLA RoPE layout: rope_interleave absent takes transformers' default (true);
+    null stays None in transformers' class, whose `if config.rope_interleave` then rotates
+    halves."""
+    absent = "rope_interleave" not in c.fields
+    return "interleave" if c.get("rope_interleave", absent) else "half"
 
 
 def _routing(c: HFConfig, spec: ModelSpec) -> tuple[bool, float]:
@@ -101,7 +109,10 @@ def _routing(c: HFConfig, spec: ModelSpec) -> tuple[bool, float]:
         norm = bool(c.get("norm_topk_prob", True if absent else None))
         return norm, float(c.get("routed_scaling_factor", 2.5))
     v2 = spec.family == "deepseek_v2"
-    norm = bool(c.get("norm_topk_prob", False)) and (not v2 or spec.top_k > 1)
+    # Qwen2-MoE's, Qwen3-MoE's and OLMoE's classes type it bool: transformers refuses a null
+    norm = bool(c.get("norm_topk_prob", False, rule=None if v2 else FLAG)) and (
+        not v2 or spec.top_k > 1
+    )
     return norm, float(c.get("routed_scaling_factor", 1.0)) if v2 else 1.0
 
 
