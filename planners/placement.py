@@ -26,19 +26,21 @@ KV_MORE = ("hardware.memory_gb.gpu", "hardware.memory_gb.cpu")
 class Placement:
     dense: Tier  # embeddings, attention, gates, dense and shared FFNs, LM head
     kv: tuple[Tier, ...]  # per layer: where the KV cache lives
-    experts: tuple[Tier, ...]  # per layer: where that layer's routed experts live
+    experts: tuple[Tier, ...]  # per layer: where its routed experts live (dense layers: `dense`)
     resident_bytes: dict[Tier, int]  # what the placement holds for the whole run
     working_bytes: int  # GPU memory kept free for streamed weights / KV buffers
     kv_bytes_per_layer: int  # KV cache of all sequences in one layer
+    moe_layers: tuple[int, ...]  # the layers with routed experts, which `expert_layers` counts
 
     def summary(self) -> dict[str, object]:
         def count(xs: tuple[Tier, ...]) -> dict[str, int]:
             return {str(t): xs.count(t) for t in Tier if xs.count(t)}
 
+        # MoE layers only: a dense layer has no routed experts to place (a dense model: {})
         return {
             "dense": str(self.dense),
             "kv_layers": count(self.kv),
-            "expert_layers": count(self.experts),
+            "expert_layers": count(tuple(self.experts[i] for i in self.moe_layers)),
             "resident_gb": {str(k): gb(v) for k, v in self.resident_bytes.items()},
             "working_gb": gb(self.working_bytes),
         }
@@ -105,7 +107,9 @@ def greedy_placement(
     # (the CPU's free memory already holds back `least_staging`)
     free[Tier.CPU] -= min(cpu_staging_bytes - least_staging, free[Tier.CPU])
     experts = _place_experts(model, free, resident, dense_tier, held_experts or {})
-    return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
+    return Placement(
+        dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer, model.moe_layers
+    )
 
 
 @dataclass(frozen=True)

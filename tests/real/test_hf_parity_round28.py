@@ -68,6 +68,27 @@ def test_norm_topk_prob_null_is_refused_as_transformers_refuses_it(family, promp
     assert "\n" not in str(e.value) and "config.json" in str(e.value)
 
 
+def _placement(ckpt: Path) -> dict[str, Any]:
+    from experiments.common.pipeline import RunSpec, simulate_run
+    from tests.real.test_executor import OFFLOAD, WORKLOAD
+
+    model, _ = load_checkpoint(ckpt)
+    summary = simulate_run(RunSpec(model, OFFLOAD, WORKLOAD, "klotski")).summary
+    return summary["plan"]["placement"]
+
+
+def test_expert_layers_count_moe_layers_only(tmp_path):
+    """klotski's plan on DeepSeek-V3 of 2 layers: dense (first_k_dense_replace 2) it places no
+    experts, `expert_layers: {}`; with 1 dense layer, one layer's. Before: {gpu: 2} and 2
+    layers (the dense layers counted at the dense weights' tier)."""
+    dense, _ = save_cast(
+        "deepseek_v3", TINY | {"first_k_dense_replace": 2}, tmp_path / "d", F32, F32
+    )
+    assert _placement(dense)["expert_layers"] == {}
+    one, _ = save_cast("deepseek_v3", TINY | {"first_k_dense_replace": 1}, tmp_path / "o", F32, F32)
+    assert sum(_placement(one)["expert_layers"].values()) == 1
+
+
 # -- the seeded sweep of rounds 26 and 27, drawing the fields round 28 lists ---------------------
 
 ACTS = ["gelu_new", "gelu_pytorch_tanh", "relu", "tanh", "quick_gelu", "relu2", "mish", "relu6"]
