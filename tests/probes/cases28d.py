@@ -341,7 +341,7 @@ def _st_cases() -> list[Case]:
         ("offsets_null", header(_set("q_proj", "data_offsets", None)), "data_offsets"),
         ("dtype_lower", header(_set("q_proj", "dtype", "f32")), "dtype"),
         ("dtype_bool", header(_set("q_proj", "dtype", "BOOL")), "q_proj"),
-        ("name_empty", header(_renamed_empty), "safetensors"),
+        ("name_empty", header(_renamed_empty), "tensor ''"),
         ("entry_extra_key", header(_set("q_proj", "extra", 1)), "safetensors"),
         ("header_space_first", header(lambda h: b" " + json.dumps(h).encode()), "safetensors"),
         ("header_nan", header(lambda h: json.dumps(h).replace('"F32"', '"F32", "x": NaN', 1)
@@ -416,7 +416,7 @@ def _conv_cases() -> list[Case]:
         _conv("dir", lambda p: (p.unlink(), p.mkdir()), "expert_weights_1"),
         _conv("loop", lambda p: (p.unlink(), p.symlink_to(p.name)), "expert_weights_1"),
         _conv("fifo", lambda p: (p.unlink(), os.mkfifo(p)), "expert_weights_1"),
-        _conv("gone", lambda p: p.unlink(), "expert_weights_1"),
+        _conv("gone", lambda p: p.unlink(), "expert_weights_[1]"),
         _conv("out_file_dir", None, "o.npz", setup=lambda t: (t / "o.npz").mkdir()),
         _conv("out_full", None, "full", out="out={t}/full/o.npz", setup=_fill),
         _conv("out_ro", None, "ro", out="out={t}/ro/o.npz", setup=_ro),
