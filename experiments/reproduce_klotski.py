@@ -42,6 +42,7 @@ from experiments.common.cli import (
 )
 from experiments.common.deferred import written_together
 from experiments.common.held_warnings import plan_accepted, say_line
+from experiments.common.klotski_conf import check_results
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pool import checked_workers, ignore_ctrl_c, stopped_on_error
@@ -440,10 +441,7 @@ def read_results(path: Path) -> pd.DataFrame:
             f"{path}: not reproduce_klotski's results (tables {', '.join(unknown) or 'none'}; "
             f"it writes {', '.join(MAKERS)}); run reproduce_klotski again"
         )
-    if (df.table == "table3").any() and not {"column", "step"} <= set(df):
-        raise MoepipeError(
-            f"{path}: written before Table 3 rows were keyed by column and step; run it again"
-        )
+    check_results(df, path)
     return df
 
 

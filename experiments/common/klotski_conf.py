@@ -95,3 +95,28 @@ def _check_column(where: str, c: Any) -> None:
         fix = f"write the paper's column it stands beside: 0 to {PAPER_COLUMNS - 1}"
         if integer_field(f"{where}.paper_column", c["paper_column"], 0, fix) >= PAPER_COLUMNS:
             raise MoepipeError(f"{where}.paper_column={c['paper_column']}: past them; {fix}")
+
+
+# results.csv's columns of whole numbers (reproduce_klotski writes each as one)
+WHOLE_COLUMNS = ("column", "n", "batch_size", "gen_len")
+
+
+def check_results(df: Any, path: Path) -> None:
+    """A results.csv read back for report_only=true, refused in one line naming `path` where it
+    is not what this code writes: Table 3 rows keyed by column and step, and each of
+    `WHOLE_COLUMNS` a whole number where given (a hand-edited n=1.5 printed as Klotski's n)."""
+    import pandas as pd
+
+    if (df.table == "table3").any() and not {"column", "step"} <= set(df):
+        raise MoepipeError(
+            f"{path}: written before Table 3 rows were keyed by column and step; run it again"
+        )
+    for col in (c for c in WHOLE_COLUMNS if c in df):
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = df[col].notna() & (values.isna() | (values != values.round()))
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise MoepipeError(
+                f"{path}: row {row + 1} has {col}={df[col].iloc[row]}, not a whole number as "
+                "this code writes it; run reproduce_klotski again"
+            )

@@ -20,7 +20,7 @@ RESULTS = [
     ("a table it never writes", "table\nfoo\n", "tables foo"),
     ("no rows", "table\n", "tables none"),
     ("table 3 with a text column", "table,column,step\ntable3,x,y\n", "results.csv"),
-    ("auto_n lacking its columns", "table,n,throughput\nauto_n,a,b\n", "model"),
+    ("auto_n lacking its columns", "table,n,throughput\nauto_n,1,b\n", "model"),
     ("fig14 lacking throughput", "table\nfig14\n", "throughput_tok_s"),
     (
         "vs_flexgen lacking its planners",

@@ -15,7 +15,8 @@ and a writer killed mid-write). Classes found, one test group each:
 2. reproduce_klotski's report_only=true read back a results.csv cut short (a copy or a disk
    that stopped mid-row) without a word: pandas fills a short row's missing fields with NaN,
    and the report printed that row's half. A CSV a command wrote is now read back whole or
-   refused in one line (`core.files.whole_csv`).
+   refused in one line (`core.files.whole_csv`); a count column (n, batch_size, gen_len,
+   column) edited to a fraction was printed as Klotski's n (`klotski_conf.check_results`).
 3. A config.json whose activation (hidden_act, Switch's dense_act_fn) is no name transformers'
    ACT2FN has (`nosuch`) was timed by a simulated run (`+model.hf_config=`) without a word:
    no framework builds that model. It is refused as the real model refuses it; an ACT2FN
@@ -128,6 +129,25 @@ def test_a_results_csv_cut_short_is_refused(tmp_path: Path, cut: int) -> None:
     with pytest.raises(MoepipeError) as e:
         read_results(path)
     assert str(e.value).startswith(f"{path}: not a readable CSV") and "cut short" in str(e.value)
+
+
+@pytest.mark.parametrize("col, value", [("n", "1.5"), ("column", "x")])
+def test_a_results_csv_count_not_whole_is_refused(tmp_path: Path, col: str, value: str) -> None:
+    """Class 2: a count column of report_only's results.csv edited to a fraction or a word is
+    one line naming the column and the value."""
+    import pandas as pd
+
+    from core.errors import MoepipeError
+    from experiments.reproduce_klotski import read_results
+
+    path = tmp_path / "results.csv"
+    _results_csv(path)
+    df = pd.read_csv(path, dtype=str)
+    df.loc[1, col] = value
+    df.to_csv(path, index=False)
+    with pytest.raises(MoepipeError) as e:
+        read_results(path)
+    assert f"row 2 has {col}={value}," in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize(
