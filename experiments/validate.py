@@ -588,7 +588,6 @@ def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _main(args: Options) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with named_as(VALIDATE_OPTIONS):
         validate(kv(args))
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import logging
 import os
 import signal
 import sys
@@ -338,6 +339,32 @@ def leave(code: Any) -> NoReturn:
     sys.exit(code)
 
 
+class _StderrLine(logging.StreamHandler):
+    """A logged warning as `warning: <message>` on the stderr of the moment (a test's capture,
+    as Python's last-resort handler writes it), an error's as `error: <message>`."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:  # StreamHandler's __init__ sets it
+        pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def warnings_as_lines() -> None:
+    """A command that sets up no logging of its own (collect, report, trace_json, validate...)
+    says its warnings as `warning: ...` lines: Python's last-resort handler printed the bare
+    message (`skipped RUN: ...`), read as part of the error line after it. A hydra app's
+    logging (experiments.run) replaces the root's handlers with its own."""
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(_StderrLine())
+
+
 def run_command(main: Callable[[], Any]) -> Any:
     """Every command's one error path: `main()`, with Ctrl-C as one line and exit 130, SIGTERM
     and SIGHUP as one line and exit 143 and 129 (`until_interrupted`), and any failure as one
@@ -347,6 +374,7 @@ def run_command(main: Callable[[], Any]) -> Any:
     if TRACEBACK_ENV not in os.environ:  # set here, so a command this one starts inherits it
         os.environ[TRACEBACK_ENV] = "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    warnings_as_lines()
 
     def started() -> Any:  # start-up's signal handlers are until_interrupted's by now
         command_started()  # (Ctrl-C between the two was a KeyboardInterrupt's traceback)

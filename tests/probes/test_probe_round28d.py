@@ -21,6 +21,10 @@ and a writer killed mid-write). Classes found, one test group each:
    ACT2FN has (`nosuch`) was timed by a simulated run (`+model.hf_config=`) without a word:
    no framework builds that model. It is refused as the real model refuses it; an ACT2FN
    name moepipe's real model does not run (gelu_new there; prelu) is still a simulated model.
+4. A command that sets up no logging of its own (collect, report, trace_json, validate) said
+   a logged warning through Python's last-resort handler, as the bare message: above an
+   `error: ` line it read as part of the error, a second line of it. Every such command now
+   says it as `warning: ...` (`cli.warnings_as_lines`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probes.conftest import tiny_run
+from tests.probes.conftest import cli, tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +183,16 @@ def test_an_activation_transformers_lacks_is_refused_in_a_simulated_run(
 
 def _short(family: str) -> str:
     return "switch" if family == "switch_transformers" else family
+
+
+def test_a_commands_logged_warning_is_said_as_a_warning(sweep_of_two: Path, tmp_path: Path) -> None:
+    """Class 4: collect reading a summary.json with a key given twice warns (Python's json
+    takes the last value) before its error line; the warning said as `warning: ...`."""
+    sw = _copy(sweep_of_two, tmp_path)
+    summary = sw / "a" / "summary.json"
+    summary.write_text(summary.read_text().replace("{", '{"planner": "x", ', 1))
+    r = cli("experiments.collect", f"dir={sw}", f"out={tmp_path / 'out'}")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    twice = [line for line in lines if "appears twice" in line]
+    assert len(twice) == 1 and twice[0].startswith("warning: "), r.stderr
+    assert all(line.startswith(("warning: ", "error: ", "skipped ")) for line in lines), r.stderr
