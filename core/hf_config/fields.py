@@ -67,6 +67,12 @@ NUMBER = Rule(_is_number, "a number")
 EPS = Rule(SPANS["rms_norm_eps"].holds, SPANS["rms_norm_eps"].words())
 THETA = Rule(SPANS["rope_theta"].holds, SPANS["rope_theta"].words())
 BETA = Rule(lambda v: _is_number(v) and v >= 0, "a positive number, 0 (the default)")
+# a multiplier of the activations or positions (RoPE's factor, yarn's attention factor, DeepSeek's
+# routed_scaling_factor): released models' are 0.1 to 64; past 1e6 the logits overflow half and
+# float32 (1e308 ran a simulated model without a word, and a real one to NaN)
+MAX_SCALE = 1e6
+SCALE = Rule(lambda v: _is_number(v) and 0 < v <= MAX_SCALE, "a positive number at most 1e6")
+MSCALE = Rule(lambda v: _is_number(v) and abs(v) <= MAX_SCALE, "a number in [-1e6, 1e6]")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
 TEXT = Rule(lambda v: isinstance(v, str), "a string")
 OBJECT = Rule(lambda v: isinstance(v, Mapping), "an object")
@@ -149,7 +155,7 @@ FIELDS: dict[str, Rule] = {
     "qk_rope_head_dim": WIDTH,
     "qk_nope_head_dim": WIDTH,
     "v_head_dim": WIDTH,
-    "routed_scaling_factor": POSITIVE,
+    "routed_scaling_factor": SCALE,
     "topk_method": TEXT.or_null(),
     "n_group": COUNT.or_null(),  # group_limited_greedy: expert groups, and those a token uses
     "topk_group": COUNT.or_null(),
@@ -176,11 +182,11 @@ ROPE_FIELDS: dict[str, Rule] = {
     "rope_type": TEXT,
     "type": TEXT,
     "rope_theta": THETA,
-    "factor": POSITIVE.or_null(),  # yarn's null: max_position_embeddings over the original's
+    "factor": SCALE.or_null(),  # yarn's null: max_position_embeddings over the original's
     "original_max_position_embeddings": COUNT.or_null(),
-    "attention_factor": POSITIVE.or_null(),
-    "mscale": NUMBER.or_null(),
-    "mscale_all_dim": NUMBER.or_null(),
+    "attention_factor": SCALE.or_null(),
+    "mscale": MSCALE.or_null(),
+    "mscale_all_dim": MSCALE.or_null(),
     # yarn's betas: 0 or null is the default (32, 1), as transformers' `or 32` / `or 1` reads it
     "beta_fast": BETA.or_null(),
     "beta_slow": BETA.or_null(),

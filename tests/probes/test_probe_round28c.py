@@ -405,3 +405,42 @@ def test_the_probe_lists_over_200_cases() -> None:
     assert len(CASES) > 200
     assert {c.cls for c in CASES} >= {"absurd", "family", "control", "sweep", "hf", "command"}
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(
+    ("field", "rope"),
+    [
+        ("factor", {"rope_type": "linear"}),
+        ("factor", {"rope_type": "yarn", "original_max_position_embeddings": 64}),
+        ("attention_factor", {"rope_type": "yarn", "factor": 2.0,
+                              "original_max_position_embeddings": 64}),
+        ("mscale", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}),
+    ],
+)  # fmt: skip
+def test_config_jsons_rope_multipliers_are_bounded(field: str, rope: dict, tiny_ckpt: Path) -> None:
+    """Class 1 in a config.json's rope_scaling: a RoPE factor, yarn's attention factor or its
+    mscale of 1e308 was taken (a simulated run of it exit 0; a real one computes NaN). Refused
+    past 1e6 in one line naming the field; a released model's value taken."""
+    import json
+
+    from core.hf_config import hf_config_to_spec
+
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    for v in (1e308, 1e7):
+        with pytest.raises(ConfigError, match=field) as info:
+            hf_config_to_spec(cfg | {"rope_scaling": rope | {field: v}}, "ck")
+        assert "1e6" in str(info.value), info.value
+    hf_config_to_spec(cfg | {"rope_scaling": rope | {field: 4.0}}, "ck")
+
+
+def test_deepseeks_routed_scaling_factor_is_bounded() -> None:
+    """Class 1 for DeepSeek's routed_scaling_factor (V2's 16, V3's 2.5): 1e308 was taken."""
+    from core.hf_config import hf_config_to_spec
+    from core.hf_config.from_spec import spec_to_hf_config
+    from real.checkpoint import reduced_spec
+
+    cfg = spec_to_hf_config(reduced_spec("deepseek-v2-lite", hidden_size=64, n_layers=2))
+    for v in (1e308, 1e7, 0.0):
+        with pytest.raises(ConfigError, match="routed_scaling_factor"):
+            hf_config_to_spec(cfg | {"routed_scaling_factor": v}, "ck")
+    hf_config_to_spec(cfg | {"routed_scaling_factor": 16.0}, "ck")
