@@ -16,7 +16,7 @@ from typing import Any
 
 from core.errors import ConfigError, cannot_read
 from core.files import TRANSFORMERS_JSON, loads_json_as_owner, note_once, read_small
-from core.hf_config.rope_keys import check_rope
+from core.hf_config.rope_keys import MAX_SCALE, check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
 from core.spec_fields import SPANS
 
@@ -67,10 +67,8 @@ NUMBER = Rule(_is_number, "a number")
 EPS = Rule(SPANS["rms_norm_eps"].holds, SPANS["rms_norm_eps"].words())
 THETA = Rule(SPANS["rope_theta"].holds, SPANS["rope_theta"].words())
 BETA = Rule(lambda v: _is_number(v) and v >= 0, "a positive number, 0 (the default)")
-# a multiplier of the activations or positions (RoPE's factor, yarn's attention factor, DeepSeek's
-# routed_scaling_factor): released models' are 0.1 to 64; past 1e6 the logits overflow half and
-# float32 (1e308 ran a simulated model without a word, and a real one to NaN)
-MAX_SCALE = 1e6
+# yarn's attention factor and mscale, DeepSeek's routed_scaling_factor (rope_keys.MAX_SCALE);
+# RoPE's factor is checked there, its lowest depending on the RoPE type
 SCALE = Rule(lambda v: _is_number(v) and 0 < v <= MAX_SCALE, "a positive number at most 1e6")
 MSCALE = Rule(lambda v: _is_number(v) and abs(v) <= MAX_SCALE, "a number in [-1e6, 1e6]")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
@@ -182,7 +180,7 @@ ROPE_FIELDS: dict[str, Rule] = {
     "rope_type": TEXT,
     "type": TEXT,
     "rope_theta": THETA,
-    "factor": SCALE.or_null(),  # yarn's null: max_position_embeddings over the original's
+    "factor": POSITIVE.or_null(),  # yarn's null: max_position_embeddings over the original's
     "original_max_position_embeddings": COUNT.or_null(),
     "attention_factor": SCALE.or_null(),
     "mscale": MSCALE.or_null(),

@@ -13,7 +13,10 @@ from core.hf_config.coverage import NO_EFFECT, ROPE_COVERAGE
 from core.spec import MLA_FAMILIES
 
 # float32's largest finite number: RoPE's frequencies are computed in float32
-FLOAT32_MAX = 3.4028234663852886e38
+# a multiplier of the activations or positions (RoPE's factor, yarn's attention factor and
+# mscale, DeepSeek's routed_scaling_factor): released models' are 0.1 to 64; past 1e6 the
+# logits overflow half and float32 (1e308 ran a simulated model without a word, a real one to NaN)
+MAX_SCALE = 1e6
 
 if TYPE_CHECKING:
     from core.hf_config.fields import HFConfig
@@ -83,10 +86,10 @@ def _check_values(p: HFConfig, key: str, kind: str) -> None:
         raise p.error(
             f"{key}.factor={factor} must be >= 1 (the context's stretch); set the model's own"
         )
-    if factor is not None and factor > FLOAT32_MAX:  # inf in float32: every angle 0
+    if factor is not None and factor > MAX_SCALE:  # 1e39: inf in float32, every angle 0
         raise p.error(
-            f"{key}.factor={factor} must be in [1, 3.4e+38]: RoPE's frequencies are float32, "
-            "where it is inf and no position is rotated; set the model's own"
+            f"{key}.factor={factor} must be in [1, 1e6]: released models' stretch the context "
+            "64x at most, and past float32's range no position is rotated; set the model's own"
         )
     fast, slow = yarn_betas(p)
     if fast < slow:
