@@ -226,6 +226,12 @@ def sweep_case(family: str, seed: int, dtype: str, to: Path) -> str:
     randomise(model)
     model.to(cast).eval().save_pretrained(to)
     hf = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=cast).eval()
+    return judged(hf, to, prompt, dtype)
+
+
+def judged(hf: Any, to: Path, prompt: torch.Tensor, dtype: str) -> str:
+    """transformers' `hf` and moepipe's reference on the checkpoint `to` it saved, compared as
+    `sweep_case` says (rounds 27 and 28 share it)."""
     try:
         out = hf_generate_out(hf, prompt, GEN)
     except RuntimeError:

@@ -30,14 +30,14 @@ from typing import Any
 import pytest
 import torch
 
-from core.errors import ConfigError, MoepipeError
+from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
 from tests.real.test_hf_parity import DTYPES, GEN, hf_generate_out
 from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf, save_cast
 from tests.real.test_hf_parity_round10 import randomise
 from tests.real.test_hf_parity_round26 import CLS
-from tests.real.test_hf_parity_round27 import draw27
+from tests.real.test_hf_parity_round27 import draw27, judged
 
 transformers = pytest.importorskip("transformers")
 
@@ -163,26 +163,10 @@ def _save28(family: str, seed: int, dtype: str, to: Path) -> tuple[dict[str, Any
 
 def sweep_case28(family: str, seed: int, dtype: str, to: Path) -> str:
     """ "match" (greedy tokens equal, float32 logits within 1e-4, bfloat16's within 2^-5),
-    "refused" (one line naming config.json; "both fail" where transformers fails too); an
-    AssertionError otherwise."""
+    "refused" (one line naming config.json; "both fail" where transformers fails too),
+    "non-finite" (both overflow); an AssertionError otherwise (round 27's `judged`)."""
     _, prompt, hf = _save28(family, seed, dtype, to)
-    try:
-        out = hf_generate_out(hf, prompt, GEN)
-    except RuntimeError:
-        out = None
-    try:
-        tokens, logits = reference_generate(to, prompt, GEN)
-    except ConfigError as e:
-        assert "\n" not in str(e) and "config.json" in str(e), e
-        return "refused" if out is not None else "both fail"
-    except MoepipeError as e:
-        assert out is not None and "non-finite" in str(e), e
-        return "non-finite"
-    assert out is not None, "transformers fails where moepipe runs"
-    assert torch.equal(tokens, out.sequences[:, prompt.shape[1] :])
-    tol = 1e-4 if dtype == "f32" else 2**-5
-    torch.testing.assert_close(logits, out.logits[-1].float(), atol=tol, rtol=0)
-    return "match"
+    return judged(hf, to, prompt, dtype)
 
 
 SLOW = pytest.mark.slow
