@@ -11,12 +11,11 @@ from tests.conftest import user_env
 from tests.probes.conftest import TINY, cli
 
 
-def test_a_single_run_imports_no_process_pool(tmp_path):
-    """A single simulated run, as a user types it, imports neither a process pool nor
-    multiprocessing (a sweep's: 5 ms of every run's start-up), and writes its run. (pandas
-    imports concurrent.futures' threads itself.)"""
+def _imports_of_a_run(run_dir, *args: str) -> set[str]:
+    """The modules `python -m experiments.run ARGS` imports (its -X importtime lines), its run
+    dir `run_dir`, the run checked to have exited 0."""
     env = {**user_env(), "PYTHONPROFILEIMPORTTIME": "1"}
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={tmp_path}", env=env)
+    r = cli("experiments.run", *args, f"hydra.run.dir={run_dir}", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     imported = {
         line.rsplit("|", 1)[1].strip()
@@ -24,6 +23,14 @@ def test_a_single_run_imports_no_process_pool(tmp_path):
         if line.startswith("import time:")
     }
     assert "experiments.common.run_dir" in imported  # (the import times were read)
+    return imported
+
+
+def test_a_single_run_imports_no_process_pool(tmp_path):
+    """A single simulated run, as a user types it, imports neither a process pool nor
+    multiprocessing (a sweep's: 5 ms of every run's start-up), and writes its run. (pandas
+    imports concurrent.futures' threads itself.)"""
+    imported = _imports_of_a_run(tmp_path, *TINY)
     pool = {"multiprocessing", "concurrent.futures.process", "experiments.common.pool"}
     assert not imported & pool
     assert (tmp_path / "summary.json").exists()
@@ -33,15 +40,7 @@ def test_a_run_of_a_conf_model_imports_no_hf_config_reader(tmp_path):
     """A simulated run of a model from conf/model, on an expert-parallel planner too (whose
     dense costs read MLA's dims from it for a DeepSeek model), imports no Hugging Face config
     reader (core.hf_config and its rules: 5 ms of every run's start-up), and writes its run."""
-    env = {**user_env(), "PYTHONPROFILEIMPORTTIME": "1"}
-    r = cli("experiments.run", *TINY[:3], "planner=ep_static", f"hydra.run.dir={tmp_path}", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    imported = {
-        line.rsplit("|", 1)[1].strip()
-        for line in r.stderr.splitlines()
-        if line.startswith("import time:")
-    }
-    assert "experiments.common.run_dir" in imported  # (the import times were read)
+    imported = _imports_of_a_run(tmp_path, *TINY[:3], "planner=ep_static")
     assert not {m for m in imported if m.startswith("core.hf_config")}
     assert (tmp_path / "summary.json").exists()
 
